@@ -1,1 +1,68 @@
-fn main() {}
+//! The `llamay` binary: argument parsing and output only. Every command returns a
+//! `Result`; `main` turns an error into one `error:` line on stderr and exit status 1.
+
+mod cmd;
+mod ftype;
+mod out;
+mod runnable;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "llamay",
+    version,
+    about = "Local inference engine for GGUF language models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// A model given positionally or with -m/--model (cli.md: either form).
+#[derive(clap::Args, Clone)]
+pub struct ModelArg {
+    /// Model file (GGUF).
+    #[arg(value_name = "MODEL")]
+    positional: Option<PathBuf>,
+    /// Model file (GGUF).
+    #[arg(short = 'm', long = "model", value_name = "MODEL")]
+    flag: Option<PathBuf>,
+}
+
+impl ModelArg {
+    pub fn path(&self) -> anyhow::Result<&std::path::Path> {
+        match (&self.positional, &self.flag) {
+            (Some(_), Some(_)) => {
+                anyhow::bail!("the model is given twice (positionally and with -m); give it once")
+            }
+            (Some(p), None) | (None, Some(p)) => Ok(p),
+            (None, None) => {
+                anyhow::bail!("no model given: pass a GGUF file as MODEL or with -m FILE")
+            }
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Describe a GGUF file: version, architecture, hyper-parameters, tokenizer,
+    /// quantisation mix, and whether this build would run it.
+    Info(cmd::info::Args),
+    /// Print a tensor's values, dequantised to f32, as one JSON array.
+    Dump(cmd::dump::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return out::report_clap_error(e),
+    };
+    let result = match cli.command {
+        Command::Info(args) => cmd::info::run(&args),
+        Command::Dump(args) => cmd::dump::run(&args),
+    };
+    out::finish(result)
+}

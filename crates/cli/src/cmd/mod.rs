@@ -1,0 +1,2 @@
+pub mod dump;
+pub mod info;

@@ -1,0 +1,58 @@
+//! Output conventions shared by every command (cli.md): the product on stdout, one
+//! `error:` line on stderr and exit 1 on failure, a closed stdout pipe is not an error.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+/// Buffered stdout for a command's product.
+pub fn stdout() -> io::BufWriter<io::StdoutLock<'static>> {
+    io::BufWriter::with_capacity(1 << 16, io::stdout().lock())
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<io::Error>())
+        .any(|io| io.kind() == io::ErrorKind::BrokenPipe)
+}
+
+/// Turns a command's result into the process exit status.
+pub fn finish(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`llamay dump ... | head`): nothing left to report.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            let msg = format!("{e:#}").replace('\n', " ");
+            let _ = writeln!(io::stderr(), "error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Help and version go to stdout with status 0; a usage error is one `error:` line and
+/// status 1 (clap's own convention is 2, the contract says 1).
+pub fn report_clap_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        _ => {
+            let rendered = e.render().to_string();
+            let first = rendered
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            let _ = writeln!(io::stderr(), "error: {first} (see llamay --help)");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Opening a model from disk: memory-map the file (and, for a split model, its sibling
+//! shards) and present the set as one tensor table with one metadata set.
+
+use crate::error::OpenError;
+use crate::file::{GgufFile, TensorInfo};
+use crate::metadata::Metadata;
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+const KEY_SPLIT_NO: &str = "split.no";
+const KEY_SPLIT_COUNT: &str = "split.count";
+const KEY_SPLIT_TENSORS: &str = "split.tensors.count";
+/// More shards than this is not a real model.
+const MAX_SPLITS: u64 = 9999;
+
+/// The memory-mapped files of one model: one file, or every shard of a split model.
+pub struct MappedModel {
+    shards: Vec<(PathBuf, Mmap)>,
+}
+
+/// A parsed model: metadata from the first shard, tensors from all of them.
+pub struct Model<'a> {
+    pub shards: Vec<GgufFile<'a>>,
+    /// (shard, index in that shard) for each tensor in load order.
+    order: Vec<(usize, usize)>,
+    index: HashMap<&'a str, (usize, usize)>,
+}
+
+fn map_file(path: &Path) -> Result<Mmap, OpenError> {
+    let io = |source| OpenError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(OpenError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    if meta.len() == 0 {
+        return Err(OpenError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    // SAFETY: the mapping is read-only and private to this process. The one hazard is
+    // another process truncating or rewriting the file while it is mapped (SIGBUS or
+    // changed bytes), which no file-backed engine can rule out; llama.cpp and Ollama
+    // accept the same. Every read of the mapping goes through bounds-checked slices.
+    unsafe { Mmap::map(&file) }.map_err(io)
+}
+
+/// `name-00001-of-00003.gguf` → ("name", 1, 3).
+fn split_pattern(path: &Path) -> Option<(String, u64, u64)> {
+    let s = path.to_str()?;
+    let stem = s.strip_suffix(".gguf")?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = rest.rsplit_once('-')?;
+    if no.len() != 5 || count.len() != 5 {
+        return None;
+    }
+    Some((prefix.to_string(), no.parse().ok()?, count.parse().ok()?))
+}
+
+fn shard_path(prefix: &str, no: u64, count: u64) -> PathBuf {
+    PathBuf::from(format!("{prefix}-{no:05}-of-{count:05}.gguf"))
+}
+
+impl MappedModel {
+    /// Maps `path`. If it is the first shard of a split model (`split.count` > 1), maps
+    /// the other shards too, found by the `-0000N-of-0000M.gguf` naming rule.
+    pub fn open(path: &Path) -> Result<Self, OpenError> {
+        let first = map_file(path)?;
+        let malformed = |source| OpenError::Malformed {
+            path: path.to_path_buf(),
+            source,
+        };
+        let split_err = |message: String| OpenError::Split {
+            path: path.to_path_buf(),
+            message,
+        };
+        let (no, count) = {
+            let f = GgufFile::parse(&first).map_err(malformed)?;
+            let get = |k| f.metadata.get_u64(k).map_err(|e| split_err(e.to_string()));
+            (get(KEY_SPLIT_NO)?, get(KEY_SPLIT_COUNT)?)
+        };
+        let count = count.unwrap_or(1);
+        if count <= 1 {
+            return Ok(MappedModel {
+                shards: vec![(path.to_path_buf(), first)],
+            });
+        }
+        if count > MAX_SPLITS {
+            return Err(split_err(format!(
+                "split.count {count} exceeds {MAX_SPLITS}"
+            )));
+        }
+        let Some((prefix, _, name_count)) = split_pattern(path) else {
+            return Err(split_err(format!(
+                "split.count is {count} but the file name does not follow the NAME-00001-of-{count:05}.gguf rule, so the other shards cannot be found"
+            )));
+        };
+        if no.unwrap_or(0) != 0 {
+            return Err(split_err(format!(
+                "this is shard {} of {count}; open the first shard, {}",
+                no.unwrap_or(0) + 1,
+                shard_path(&prefix, 1, count).display()
+            )));
+        }
+        if name_count != count {
+            return Err(split_err(format!(
+                "split.count is {count} but the file name says {name_count} shards"
+            )));
+        }
+        let mut shards = vec![(path.to_path_buf(), first)];
+        for i in 2..=count {
+            let p = shard_path(&prefix, i, count);
+            let map = map_file(&p)?;
+            shards.push((p, map));
+        }
+        Ok(MappedModel { shards })
+    }
+
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|(p, _)| p.as_path())
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.shards.iter().map(|(_, m)| m.len() as u64).sum()
+    }
+
+    /// Parses every shard and checks that they form one model.
+    pub fn parse(&self) -> Result<Model<'_>, OpenError> {
+        let mut shards = Vec::with_capacity(self.shards.len());
+        for (path, map) in &self.shards {
+            let f = GgufFile::parse(map).map_err(|source| OpenError::Malformed {
+                path: path.clone(),
+                source,
+            })?;
+            shards.push(f);
+        }
+        let first_path = &self.shards[0].0;
+        let split_err = |message: String| OpenError::Split {
+            path: first_path.clone(),
+            message,
+        };
+        if shards.len() > 1 {
+            for (i, (f, (path, _))) in shards.iter().zip(&self.shards).enumerate() {
+                let no = f
+                    .metadata
+                    .get_u64(KEY_SPLIT_NO)
+                    .map_err(|e| split_err(e.to_string()))?;
+                let count = f
+                    .metadata
+                    .get_u64(KEY_SPLIT_COUNT)
+                    .map_err(|e| split_err(e.to_string()))?;
+                if no != Some(i as u64) || count != Some(shards.len() as u64) {
+                    return Err(split_err(format!(
+                        "{} says it is shard {:?} of {:?}, expected {} of {}",
+                        path.display(),
+                        no,
+                        count,
+                        i,
+                        shards.len()
+                    )));
+                }
+            }
+            let total: u64 = shards.iter().map(|f| f.tensors.len() as u64).sum();
+            let declared = shards[0]
+                .metadata
+                .get_u64(KEY_SPLIT_TENSORS)
+                .map_err(|e| split_err(e.to_string()))?;
+            if declared.is_some_and(|d| d != total) {
+                return Err(split_err(format!(
+                    "split.tensors.count is {} but the shards hold {total} tensors",
+                    declared.unwrap_or(0)
+                )));
+            }
+        }
+        let mut order = Vec::new();
+        let mut index = HashMap::new();
+        for (s, f) in shards.iter().enumerate() {
+            for (i, t) in f.tensors.iter().enumerate() {
+                if index.insert(t.name, (s, i)).is_some() {
+                    return Err(split_err(format!(
+                        "tensor '{}' appears in more than one shard",
+                        t.name
+                    )));
+                }
+                order.push((s, i));
+            }
+        }
+        Ok(Model {
+            shards,
+            order,
+            index,
+        })
+    }
+}
+
+impl<'a> Model<'a> {
+    /// The model's metadata (the first shard's; other shards carry only split keys).
+    pub fn metadata(&self) -> &Metadata<'a> {
+        &self.shards[0].metadata
+    }
+
+    pub fn first(&self) -> &GgufFile<'a> {
+        &self.shards[0]
+    }
+
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorInfo<'a>> + '_ {
+        self.order.iter().map(|&(s, i)| &self.shards[s].tensors[i])
+    }
+
+    pub fn tensor_count(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo<'a>> {
+        self.index
+            .get(name)
+            .map(|&(s, i)| &self.shards[s].tensors[i])
+    }
+
+    pub fn is_split(&self) -> bool {
+        self.shards.len() > 1
+    }
+
+    pub fn big_endian(&self) -> bool {
+        self.shards[0].big_endian
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_names() {
+        let p = Path::new("/m/model-q4-00001-of-00003.gguf");
+        assert_eq!(split_pattern(p), Some(("/m/model-q4".into(), 1, 3)));
+        assert_eq!(
+            shard_path("/m/model-q4", 2, 3),
+            PathBuf::from("/m/model-q4-00002-of-00003.gguf")
+        );
+        assert_eq!(split_pattern(Path::new("model.gguf")), None);
+        assert_eq!(split_pattern(Path::new("a-1-of-3.gguf")), None);
+    }
+}
