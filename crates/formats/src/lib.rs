@@ -2,12 +2,20 @@
 //! dequantisers and quantisers that every SIMD kernel is tested against.
 //!
 //! This crate knows nothing of models or metadata: it turns blocks of bytes into
-//! floats and back.
+//! floats and back. Every conversion is bit-exact against llama.cpp b11434.
 
 mod dequant;
+mod fp16;
+mod iquants;
+mod kquants;
+mod legacy;
+mod num;
+mod quant;
+mod tables;
 pub mod types;
 
 pub use dequant::dequantize;
+pub use quant::{quantize, quantize_mxfp4_for_fixtures};
 pub use types::{ALL_TYPES, GgmlType, Support, TypeIdError, readable_type_names};
 
 /// Why a block conversion could not run.
@@ -16,9 +24,38 @@ pub enum FormatError {
     #[error("{0}")]
     Refused(String),
     #[error("{ty}: {n_bytes} bytes is not a whole number of {type_size}-byte blocks")]
-    PartialBlock { ty: GgmlType, n_bytes: usize, type_size: u64 },
+    PartialBlock {
+        ty: GgmlType,
+        n_bytes: usize,
+        type_size: u64,
+    },
     #[error("{ty}: {n_bytes} bytes hold {have} values but the output has room for {want}")]
-    LengthMismatch { ty: GgmlType, n_bytes: usize, have: u64, want: usize },
+    LengthMismatch {
+        ty: GgmlType,
+        n_bytes: usize,
+        have: u64,
+        want: usize,
+    },
     #[error("{ty}: dequantisation is not implemented yet")]
     NotImplemented { ty: GgmlType },
+    #[error("{ty}: {n_values} values is not a whole number of {block_size}-value blocks")]
+    PartialInput {
+        ty: GgmlType,
+        n_values: usize,
+        block_size: u64,
+    },
+    #[error("cannot quantise to {ty}: value {index} is {what}; weights must be finite")]
+    NonFinite {
+        ty: GgmlType,
+        index: usize,
+        what: &'static str,
+    },
+    #[error(
+        "llamay reads {ty} but never writes it (it never writes i-quants or MXFP4); \
+         writable types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 and the K-quants"
+    )]
+    NotWritable { ty: GgmlType },
 }
+
+#[cfg(test)]
+mod table_tests;
