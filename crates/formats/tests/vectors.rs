@@ -1,0 +1,97 @@
+//! Test vectors from independent implementations (see tests/data/README.md):
+//! dequantisation against gguf-py's numpy, quantisation against llama.cpp's C reference
+//! quantisers. Both must match bit for bit.
+
+use llamay_formats::{GgmlType, dequantize, quantize, quantize_mxfp4_for_fixtures};
+use std::path::PathBuf;
+
+fn data(name: &str) -> Vec<u8> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+const READABLE: [&str; 23] = [
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",
+    "Q5_K", "Q6_K", "Q8_K", "MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+    "IQ3_S",
+];
+
+const WRITTEN: [&str; 15] = [
+    "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+    "Q6_K", "Q8_K", "MXFP4",
+];
+
+#[test]
+fn dequantisation_matches_gguf_py_bit_for_bit() {
+    for name in READABLE {
+        let ty = GgmlType::from_name(name).unwrap();
+        let blocks = data(&format!("dequant-{name}.blocks"));
+        let want = f32s(&data(&format!("dequant-{name}.f32")));
+        let mut got = vec![0.0f32; want.len()];
+        dequantize(ty, &blocks, &mut got).unwrap();
+        let mut bad = 0;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let same = if ty == GgmlType::F16 && g.is_nan() && w.is_nan() {
+                // numpy keeps a signalling NaN's quiet bit clear; ggml (and we) set it.
+                (g.to_bits() | 0x0040_0000) == (w.to_bits() | 0x0040_0000)
+            } else {
+                g.to_bits() == w.to_bits()
+            };
+            if !same {
+                if bad < 5 {
+                    eprintln!(
+                        "{name}[{i}]: got {g:e} ({:#x}) want {w:e} ({:#x})",
+                        g.to_bits(),
+                        w.to_bits()
+                    );
+                }
+                bad += 1;
+            }
+        }
+        assert_eq!(bad, 0, "{name}: {bad} of {} values differ", want.len());
+    }
+}
+
+#[test]
+fn quantisation_matches_llama_cpp_reference_bytes() {
+    let input = f32s(&data("quant-input.f32"));
+    let names: Vec<String> = String::from_utf8(data("quant-input.txt"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    let mut failures = Vec::new();
+    for name in WRITTEN {
+        let ty = GgmlType::from_name(name).unwrap();
+        let want = data(&format!("quant-{name}.bin"));
+        let got = if ty == GgmlType::MXFP4 {
+            quantize_mxfp4_for_fixtures(&input)
+        } else {
+            quantize(ty, &input)
+        }
+        .unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        let row = want.len() / names.len();
+        for (r, row_name) in names.iter().enumerate() {
+            if got[r * row..(r + 1) * row] != want[r * row..(r + 1) * row] {
+                failures.push(format!("{name}: row {r} ({row_name})"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} rows differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
