@@ -3,6 +3,7 @@
 crates/formats/src/tables.rs. The tables are data: generating them avoids typos.
 
 usage: scripts/ref-quantize/gen-tables.py [LLAMA_CPP_DIR] > crates/formats/src/tables.rs
+       cargo fmt -p llamay-formats   (the committed file is rustfmt-formatted)
 """
 import os
 import re
