@@ -137,6 +137,7 @@ fn json_doc(
         "gguf_version": first.version,
         "big_endian": first.big_endian,
         "alignment": first.alignment,
+        "data_offset": first.data_offset,
         "architecture": md.architecture().ok().flatten(),
         "file_type": file_type(model),
         "tensor_count": model.tensor_count(),

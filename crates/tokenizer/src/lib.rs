@@ -1,0 +1,1 @@
+//! Tokenizers loaded from a GGUF file's `tokenizer.ggml.*` metadata.
