@@ -53,6 +53,8 @@ enum Command {
     Info(cmd::info::Args),
     /// Print a tensor's values, dequantised to f32, as one JSON array.
     Dump(cmd::dump::Args),
+    /// Rewrite a model with its weight matrices in another format.
+    Quantize(cmd::quantize::Args),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => cmd::info::run(&args),
         Command::Dump(args) => cmd::dump::run(&args),
+        Command::Quantize(args) => cmd::quantize::run(&args),
     };
     out::finish(result)
 }

@@ -1,2 +1,3 @@
 pub mod dump;
 pub mod info;
+pub mod quantize;
