@@ -34,24 +34,27 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
 pub fn report_clap_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
-        ErrorKind::DisplayHelp
-        | ErrorKind::DisplayVersion
-        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = e.print();
-            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            }
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = writeln!(io::stderr(), "error: no command given (see llamay --help)");
+            ExitCode::FAILURE
         }
         _ => {
+            // clap's message spans lines (missing arguments follow on lines of their
+            // own, then usage); keep the message, drop the usage, join into one line.
             let rendered = e.render().to_string();
-            let first = rendered
+            let message: Vec<&str> = rendered
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            let _ = writeln!(io::stderr(), "error: {first} (see llamay --help)");
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+                .collect();
+            let message = message.join(" ");
+            let message = message.strip_prefix("error: ").unwrap_or(&message);
+            let _ = writeln!(io::stderr(), "error: {message} (see llamay --help)");
             ExitCode::FAILURE
         }
     }

@@ -31,7 +31,10 @@ pub enum QuantizeError {
     #[error("writing {path}: {source}")]
     Write { path: PathBuf, source: WriteError },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// What happened to one tensor.
@@ -59,13 +62,23 @@ pub fn quantize_file(
     let model = mapped.parse()?;
     if model.big_endian() {
         return Err(QuantizeError::Unsupported(
-            "the input is a big-endian GGUF; convert it with gguf-py's gguf_convert_endian first".into(),
+            "the input is a big-endian GGUF; convert it with gguf-py's gguf_convert_endian first"
+                .into(),
         ));
     }
-    let arch = model.metadata().architecture().ok().flatten().unwrap_or("").to_string();
+    let arch = model
+        .metadata()
+        .architecture()
+        .ok()
+        .flatten()
+        .unwrap_or("")
+        .to_string();
 
     let mut w = GgufWriter::new();
-    let werr = |source| QuantizeError::Write { path: output.to_path_buf(), source };
+    let werr = |source| QuantizeError::Write {
+        path: output.to_path_buf(),
+        source,
+    };
     let mut saw_file_type = false;
     let mut saw_qversion = false;
     for (k, v) in model.metadata().iter() {
@@ -87,10 +100,15 @@ pub fn quantize_file(
         w.add_kv(k, v).map_err(werr)?;
     }
     if !saw_qversion {
-        w.add_kv("general.quantization_version", Value::U32(QUANTIZATION_VERSION)).map_err(werr)?;
+        w.add_kv(
+            "general.quantization_version",
+            Value::U32(QUANTIZATION_VERSION),
+        )
+        .map_err(werr)?;
     }
     if !saw_file_type {
-        w.add_kv("general.file_type", Value::U32(target.file_type())).map_err(werr)?;
+        w.add_kv("general.file_type", Value::U32(target.file_type()))
+            .map_err(werr)?;
     }
 
     let tensors: Vec<&TensorInfo<'_>> = model.tensors().collect();
@@ -108,7 +126,10 @@ pub fn quantize_file(
     }
 
     let tmp = temp_path(output);
-    let io = |source| QuantizeError::Io { path: tmp.clone(), source };
+    let io = |source| QuantizeError::Io {
+        path: tmp.clone(),
+        source,
+    };
     let file = File::create(&tmp).map_err(io)?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     let mut reports = Vec::with_capacity(tensors.len());
@@ -155,15 +176,25 @@ pub fn quantize_file(
 const QUANTIZATION_VERSION: u32 = 2;
 
 fn temp_path(output: &Path) -> PathBuf {
-    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     output.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
 /// Dequantises `t` and quantises it to `to`, rows split across `threads`.
 fn convert(t: &TensorInfo<'_>, to: GgmlType, threads: usize) -> Result<Vec<u8>, QuantizeError> {
-    let fmt_err = |source| QuantizeError::Format { tensor: t.name.to_string(), source };
+    let fmt_err = |source| QuantizeError::Format {
+        tensor: t.name.to_string(),
+        source,
+    };
     let row_len = t.row_len() as usize;
-    let n_rows = if row_len == 0 { 0 } else { (t.n_elements as usize) / row_len };
+    let n_rows = if row_len == 0 {
+        0
+    } else {
+        (t.n_elements as usize) / row_len
+    };
     let in_row = t.ty.bytes_for(row_len as u64).unwrap_or(0) as usize;
     let out_row = to.bytes_for(row_len as u64).unwrap_or(0) as usize;
     let mut out = vec![0u8; n_rows * out_row];
@@ -191,7 +222,11 @@ fn convert(t: &TensorInfo<'_>, to: GgmlType, threads: usize) -> Result<Vec<u8>, 
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(FormatError::Refused("a quantiser thread panicked".into()))))
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(FormatError::Refused("a quantiser thread panicked".into()))
+                })
+            })
             .collect()
     });
     for r in results {

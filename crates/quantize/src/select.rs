@@ -33,7 +33,13 @@ const PRESETS: &[&str] = &[
 
 impl Target {
     pub fn parse(name: &str) -> Result<Target, String> {
-        let plain = || PLAIN.iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(" ");
+        let plain = || {
+            PLAIN
+                .iter()
+                .map(|(t, _)| t.name())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         if let Some(ty) = GgmlType::from_name(name)
             && PLAIN.iter().any(|(t, _)| *t == ty)
         {
@@ -52,11 +58,17 @@ impl Target {
                 plain()
             ));
         }
-        Err(format!("unknown quantisation type '{name}'; plain types: {}", plain()))
+        Err(format!(
+            "unknown quantisation type '{name}'; plain types: {}",
+            plain()
+        ))
     }
 
     pub fn file_type(self) -> u32 {
-        PLAIN.iter().find(|(t, _)| *t == self.ty).map_or(0, |(_, f)| *f)
+        PLAIN
+            .iter()
+            .find(|(t, _)| *t == self.ty)
+            .map_or(0, |(_, f)| *f)
     }
 }
 
@@ -122,7 +134,10 @@ pub fn tensor_plan(
     target: Target,
 ) -> (GgmlType, Option<String>) {
     if !allows_quantization(name, shape) {
-        return (from, (from != target.ty).then(|| "kept: not a quantisable weight".to_string()));
+        return (
+            from,
+            (from != target.ty).then(|| "kept: not a quantisable weight".to_string()),
+        );
     }
     let ne0 = shape.first().copied().unwrap_or(1);
     let mut to = target.ty;
@@ -151,11 +166,26 @@ mod tests {
 
     #[test]
     fn selection_follows_llama_quantize() {
-        assert_eq!(plan("blk.0.attn_q.weight", &[256, 256], GgmlType::Q4_K), GgmlType::Q4_K);
-        assert_eq!(plan("blk.0.attn_norm.weight", &[256], GgmlType::Q4_K), GgmlType::F32);
-        assert_eq!(plan("blk.0.attn_q.bias", &[256, 2], GgmlType::Q8_0), GgmlType::F32);
-        assert_eq!(plan("blk.0.ffn_gate_inp.weight", &[256, 8], GgmlType::Q8_0), GgmlType::F32);
-        assert_eq!(plan("position_embd.weight", &[256, 64], GgmlType::Q8_0), GgmlType::F32);
+        assert_eq!(
+            plan("blk.0.attn_q.weight", &[256, 256], GgmlType::Q4_K),
+            GgmlType::Q4_K
+        );
+        assert_eq!(
+            plan("blk.0.attn_norm.weight", &[256], GgmlType::Q4_K),
+            GgmlType::F32
+        );
+        assert_eq!(
+            plan("blk.0.attn_q.bias", &[256, 2], GgmlType::Q8_0),
+            GgmlType::F32
+        );
+        assert_eq!(
+            plan("blk.0.ffn_gate_inp.weight", &[256, 8], GgmlType::Q8_0),
+            GgmlType::F32
+        );
+        assert_eq!(
+            plan("position_embd.weight", &[256, 64], GgmlType::Q8_0),
+            GgmlType::F32
+        );
         // A matrix stored with a trailing 1 is still 1-D for ggml.
         assert_eq!(plan("x.weight", &[256, 1], GgmlType::Q8_0), GgmlType::F32);
     }
@@ -176,7 +206,11 @@ mod tests {
         assert_eq!(Target::parse("Q4_K").unwrap().file_type(), 15);
         let e = Target::parse("Q4_K_M").unwrap_err();
         assert!(e.contains("mixture preset") && e.contains("Q8_0"), "{e}");
-        assert!(Target::parse("IQ2_XS").unwrap_err().contains("never writes i-quants"));
+        assert!(
+            Target::parse("IQ2_XS")
+                .unwrap_err()
+                .contains("never writes i-quants")
+        );
         assert!(Target::parse("Q8_K").unwrap_err().contains("unknown"));
         assert!(Target::parse("nonsense").unwrap_err().contains("unknown"));
     }

@@ -43,8 +43,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let reports = quantize_file(&args.input, &args.output, target, threads, |r| {
         bytes_in += r.n_bytes_in;
         bytes_out += r.n_bytes_out;
-        let note = r.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default();
-        eprintln!("{:<40} {:>7} -> {:<7}{note}", r.name, r.from.name(), r.to.name());
+        let note = r
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        eprintln!(
+            "{:<40} {:>7} -> {:<7}{note}",
+            r.name,
+            r.from.name(),
+            r.to.name()
+        );
     })?;
     eprintln!(
         "quantized {} tensors to {}: {:.2} MiB -> {:.2} MiB in {:.1} s; wrote {}",

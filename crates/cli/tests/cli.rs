@@ -1,0 +1,371 @@
+//! The command-line contract (shared/cli.md) for info, dump and quantize: output
+//! shapes, exit codes, one `error:` line on failure, never a panic.
+
+use llamay_formats::GgmlType;
+use llamay_gguf::{GgufWriter, Value};
+use serde_json::Value as Json;
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../gguf/tests/data")
+        .join(name)
+}
+
+fn llamay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_llamay"))
+        .args(args)
+        .output()
+        .expect("run llamay")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+/// Exit 1, and exactly one stderr line, starting `error:`.
+fn assert_error(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(needle), "expected '{needle}' in: {err}");
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("llamay-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// A small model file: F32 matrices and a norm, with whatever architecture is given.
+fn write_model(path: &Path, arch: &str, tensors: &[(&str, GgmlType, Vec<u64>, Vec<u8>)]) {
+    let mut w = GgufWriter::new();
+    w.add_kv("general.architecture", Value::String(arch.into()))
+        .unwrap();
+    w.add_kv("general.file_type", Value::U32(0)).unwrap();
+    for (name, ty, shape, _) in tensors {
+        w.add_tensor(name, *ty, shape).unwrap();
+    }
+    let mut f = std::fs::File::create(path).unwrap();
+    w.write(&mut f, |i| Ok(Cow::Owned(tensors[i].3.clone())))
+        .unwrap();
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The dumped values, read back as f32 (the text is the f32's shortest form).
+fn dump(path: &Path, tensor: &str, count: Option<&str>) -> Vec<f32> {
+    let p = path.to_str().unwrap();
+    let mut args = vec!["dump", "-m", p, "--tensor", tensor];
+    if let Some(c) = count {
+        args.extend(["--count", c]);
+    }
+    let o = llamay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice::<Vec<f64>>(&o.stdout)
+        .unwrap()
+        .into_iter()
+        .map(|v| v as f32)
+        .collect()
+}
+
+#[test]
+fn info_text() {
+    let o = llamay(&[
+        "info",
+        fixture("gguf-py-le.gguf").to_str().unwrap(),
+        "--tensors",
+    ]);
+    assert!(o.status.success());
+    let s = stdout(&o);
+    assert!(s.contains("architecture    testarch"), "{s}");
+    assert!(
+        s.contains("runnable        no: architecture 'testarch'"),
+        "{s}"
+    );
+    assert!(s.contains("t.q4_k") && s.contains("Q4_K"), "{s}");
+    assert!(o.stderr.is_empty());
+}
+
+#[test]
+fn info_json_contract() {
+    let o = llamay(&[
+        "info",
+        "-m",
+        fixture("gguf-py-le.gguf").to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success());
+    let j: Json = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["gguf_version"], 3);
+    assert_eq!(j["architecture"], "testarch");
+    assert_eq!(j["metadata"]["test.u32"], 4000000000u64);
+    assert_eq!(j["metadata"]["test.string"], "héllo wörld ✓ 日本語 😀");
+    assert_eq!(j["metadata_types"]["test.array.i16"], "array of 2 i16");
+    assert_eq!(j["runnable"], false);
+    assert!(j["refusal"].as_str().unwrap().contains("testarch"));
+    assert!(j["unread"].as_array().unwrap().is_empty());
+    let tensors = j["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 5);
+    let q8 = &tensors[3];
+    assert_eq!(q8["name"], "t.q8_0");
+    assert_eq!(q8["type"], "Q8_0");
+    assert_eq!(q8["shape"], serde_json::json!([64, 2]));
+    assert_eq!(q8["n_bytes"], 136);
+    assert!(q8["offset"].is_u64());
+}
+
+#[test]
+fn info_json_shortens_long_arrays_unless_asked() {
+    let path = temp("long-array.gguf");
+    let mut w = GgufWriter::new();
+    let vals: Vec<u32> = (0..1000).collect();
+    w.add_kv("a.long", Value::Array(llamay_gguf::Array::from_u32s(&vals)))
+        .unwrap();
+    let mut f = std::fs::File::create(&path).unwrap();
+    w.write(&mut f, |_| unreachable!()).unwrap();
+    let p = path.to_str().unwrap();
+    let short: Json = serde_json::from_slice(&llamay(&["info", p, "--json"]).stdout).unwrap();
+    assert_eq!(short["metadata"]["a.long"]["len"], 1000);
+    assert_eq!(
+        short["metadata"]["a.long"]["head"]
+            .as_array()
+            .unwrap()
+            .len(),
+        64
+    );
+    let full: Json =
+        serde_json::from_slice(&llamay(&["info", p, "--json", "--full-arrays"]).stdout).unwrap();
+    assert_eq!(full["metadata"]["a.long"].as_array().unwrap().len(), 1000);
+    assert_eq!(
+        full["refusal"],
+        "the file holds no tensors and no general.architecture (a vocabulary-only file)"
+    );
+}
+
+#[test]
+fn info_refuses_unreadable_types_by_name() {
+    let path = temp("iq1s.gguf");
+    write_model(
+        &path,
+        "llama",
+        &[(
+            "blk.0.attn_q.weight",
+            GgmlType::IQ1_S,
+            vec![256, 1],
+            vec![0; 50],
+        )],
+    );
+    let o = llamay(&["info", path.to_str().unwrap(), "--json"]);
+    assert!(
+        o.status.success(),
+        "a well-formed file exits 0 even when not runnable"
+    );
+    let j: Json = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["runnable"], false);
+    let why = j["refusal"].as_str().unwrap();
+    assert!(
+        why.contains("IQ1_S") && why.contains("blk.0.attn_q.weight") && why.contains("Q4_K"),
+        "{why}"
+    );
+}
+
+#[test]
+fn malformed_files_are_one_error_line_naming_the_offset() {
+    let bytes = std::fs::read(fixture("gguf-py-le.gguf")).unwrap();
+    let path = temp("truncated.gguf");
+    // The last 16 bytes are padding after the last tensor: cut into its data instead.
+    for len in [
+        0usize,
+        3,
+        4,
+        10,
+        24,
+        40,
+        100,
+        500,
+        1000,
+        1500,
+        bytes.len() - 17,
+    ] {
+        std::fs::write(&path, &bytes[..len]).unwrap();
+        let o = llamay(&["info", path.to_str().unwrap()]);
+        assert_error(&o, if len == 0 { "file is empty" } else { "at byte" });
+        let o = llamay(&["dump", path.to_str().unwrap(), "--tensor", "t.f32"]);
+        assert_eq!(o.status.code(), Some(1));
+    }
+    let o = llamay(&["info", "/nonexistent/model.gguf"]);
+    assert_error(&o, "No such file");
+}
+
+#[test]
+fn dump_f32_f16_in_both_byte_orders() {
+    let le = fixture("gguf-py-le.gguf");
+    let be = fixture("gguf-py-be.gguf");
+    let bytes = std::fs::read(&le).unwrap();
+    let file = llamay_gguf::GgufFile::parse(&bytes).unwrap();
+    let want: Vec<f32> = file
+        .tensor("t.f32")
+        .unwrap()
+        .data
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(dump(&le, "t.f32", None), want);
+    assert_eq!(dump(&be, "t.f32", None), want);
+    assert_eq!(dump(&le, "t.f32", Some("3")), want[..3]);
+    assert_eq!(dump(&le, "t.f16", None).len(), 32);
+    assert_eq!(dump(&le, "t.f16", None), dump(&be, "t.f16", None));
+}
+
+#[test]
+fn dump_q8_0_is_scale_times_quant() {
+    let le = fixture("gguf-py-le.gguf");
+    let bytes = std::fs::read(&le).unwrap();
+    let file = llamay_gguf::GgufFile::parse(&bytes).unwrap();
+    let data = file.tensor("t.q8_0").unwrap().data;
+    let mut want = Vec::new();
+    for block in data.chunks(34) {
+        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        want.extend(block[2..].iter().map(|&q| d * f32::from(q as i8)));
+    }
+    assert_eq!(dump(&le, "t.q8_0", None), want);
+    // --count cuts inside a block.
+    assert_eq!(dump(&le, "t.q8_0", Some("40")), want[..40]);
+}
+
+#[test]
+fn dump_errors() {
+    let le = fixture("gguf-py-le.gguf");
+    let p = le.to_str().unwrap();
+    assert_error(
+        &llamay(&["dump", p, "--tensor", "nope"]),
+        "no tensor named 'nope'",
+    );
+    assert_error(&llamay(&["dump", p]), "--tensor");
+    assert_error(
+        &llamay(&["dump", p, "--tensor", "t.f32", "--count", "-1"]),
+        "error",
+    );
+    let be = fixture("gguf-py-be.gguf");
+    assert_error(
+        &llamay(&["dump", be.to_str().unwrap(), "--tensor", "t.q8_0"]),
+        "big-endian",
+    );
+}
+
+#[test]
+fn usage_errors_are_one_line_exit_1() {
+    assert_error(&llamay(&["info", "--bogus"]), "--bogus");
+    assert_error(&llamay(&["no-such-command"]), "no-such-command");
+    assert_error(&llamay(&["info"]), "no model given");
+    assert_error(&llamay(&[]), "no command given");
+    let p = fixture("gguf-py-le.gguf");
+    let p = p.to_str().unwrap();
+    assert_error(&llamay(&["info", p, "-m", p]), "given twice");
+    assert!(llamay(&["--help"]).status.success());
+    assert!(llamay(&["--version"]).status.success());
+}
+
+#[test]
+fn quantize_plain_types() {
+    let input = temp("f32-model.gguf");
+    let q: Vec<f32> = (0..64 * 4)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
+    let norm: Vec<f32> = (0..64).map(|i| 1.0 + i as f32 / 64.0).collect();
+    write_model(
+        &input,
+        "llama",
+        &[
+            (
+                "blk.0.attn_q.weight",
+                GgmlType::F32,
+                vec![64, 4],
+                f32_bytes(&q),
+            ),
+            (
+                "blk.0.attn_norm.weight",
+                GgmlType::F32,
+                vec![64],
+                f32_bytes(&norm),
+            ),
+        ],
+    );
+    let cases = [
+        ("Q8_0", "Q8_0", 7, 0.02),
+        ("q4_k", "Q5_0", 15, 0.126),
+        ("F16", "F16", 1, 0.002),
+    ];
+    for (target, got_type, file_type, tol) in cases {
+        let out = temp(&format!("out-{target}.gguf"));
+        let o = llamay(&[
+            "quantize",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            target,
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.stdout.is_empty(), "logs go to stderr");
+        let j: Json =
+            serde_json::from_slice(&llamay(&["info", out.to_str().unwrap(), "--json"]).stdout)
+                .unwrap();
+        assert_eq!(j["metadata"]["general.file_type"], file_type);
+        assert_eq!(j["metadata"]["general.quantization_version"], 2);
+        assert_eq!(j["tensors"][0]["type"], got_type, "{target}");
+        assert_eq!(j["tensors"][1]["type"], "F32", "norms stay F32");
+        let back = dump(&out, "blk.0.attn_q.weight", None);
+        for (a, b) in back.iter().zip(&q) {
+            assert!((a - b).abs() <= tol, "{target}: {a} vs {b}");
+        }
+        assert_eq!(
+            dump(&out, "blk.0.attn_norm.weight", None),
+            dump(&input, "blk.0.attn_norm.weight", None)
+        );
+    }
+}
+
+#[test]
+fn quantize_refusals_leave_no_output() {
+    let input = temp("q-refuse.gguf");
+    write_model(
+        &input,
+        "llama",
+        &[(
+            "w.weight",
+            GgmlType::F32,
+            vec![32, 2],
+            f32_bytes(&[f32::NAN; 64]),
+        )],
+    );
+    let i = input.to_str().unwrap();
+    let out = temp("q-refuse-out.gguf");
+    let o = out.to_str().unwrap();
+    assert_error(&llamay(&["quantize", i, o, "Q4_K_M"]), "mixture preset");
+    assert_error(
+        &llamay(&["quantize", i, o, "IQ2_XS"]),
+        "never writes i-quants",
+    );
+    assert_error(
+        &llamay(&["quantize", i, o, "Q8_0", "--imatrix", "x.dat"]),
+        "--imatrix",
+    );
+    assert_error(&llamay(&["quantize", i, o, "Q8_0"]), "NaN");
+    assert_error(&llamay(&["quantize", i, i, "Q8_0"]), "same file");
+    assert_error(
+        &llamay(&["quantize", "/nonexistent.gguf", o, "Q8_0"]),
+        "No such file",
+    );
+    assert!(!out.exists(), "no partial output");
+    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files removed");
+}
