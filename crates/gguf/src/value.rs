@@ -228,7 +228,10 @@ impl<'a> Array<'a> {
     /// An array of fixed-size scalars from raw bytes; the caller has checked that
     /// `raw.len()` is a multiple of the element size and that bools are 0 or 1.
     pub(crate) fn scalars(elem: ValueType, raw: &'a [u8], big_endian: bool) -> Self {
-        debug_assert!(elem.fixed_size().is_some_and(|s| raw.len() % s == 0));
+        debug_assert!(
+            elem.fixed_size()
+                .is_some_and(|s| raw.len().is_multiple_of(s))
+        );
         Array {
             elem,
             data: ArrayData::Scalars {

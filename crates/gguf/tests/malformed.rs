@@ -49,7 +49,7 @@ fn tensor_info(b: &mut Vec<u8>, name: &[u8], dims: &[u64], ty: u32, offset: u64)
 }
 
 fn pad(b: &mut Vec<u8>, align: usize) {
-    while b.len() % align != 0 {
+    while !b.len().is_multiple_of(align) {
         b.push(0);
     }
 }

@@ -190,11 +190,7 @@ fn convert(t: &TensorInfo<'_>, to: GgmlType, threads: usize) -> Result<Vec<u8>, 
         source,
     };
     let row_len = t.row_len() as usize;
-    let n_rows = if row_len == 0 {
-        0
-    } else {
-        (t.n_elements as usize) / row_len
-    };
+    let n_rows = (t.n_elements as usize).checked_div(row_len).unwrap_or(0);
     let in_row = t.ty.bytes_for(row_len as u64).unwrap_or(0) as usize;
     let out_row = to.bytes_for(row_len as u64).unwrap_or(0) as usize;
     let mut out = vec![0u8; n_rows * out_row];

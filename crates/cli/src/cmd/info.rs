@@ -89,7 +89,7 @@ fn tensor_json(t: &TensorInfo<'_>) -> Json {
 }
 
 /// Tensor count and bytes per type, in type-id order.
-fn type_mix<'a>(model: &'a Model<'_>) -> BTreeMap<llamay_formats::GgmlType, (usize, u64)> {
+fn type_mix(model: &Model<'_>) -> BTreeMap<llamay_formats::GgmlType, (usize, u64)> {
     let mut mix = BTreeMap::new();
     for t in model.tensors() {
         let e = mix.entry(t.ty).or_insert((0usize, 0u64));
