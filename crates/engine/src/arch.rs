@@ -1,0 +1,265 @@
+//! The architecture table: one row per declared `general.architecture` name. A row says
+//! how the one generic block (forward.rs) runs that family; adding a dense family is
+//! adding a row here and, if its metadata is lossy, a line in config.rs.
+//! Facts from llama.cpp b11434 (`src/llama-arch.cpp`, `src/models/*.cpp`).
+
+/// Normalisation before attention / feed-forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// RMSNorm with weight (eps from `attention.layer_norm_rms_epsilon`).
+    Rms,
+    /// LayerNorm with weight and bias (eps from `attention.layer_norm_epsilon`).
+    Layer,
+}
+
+/// How rotary position embedding pairs dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama's "normal" mode.
+    Interleaved,
+    /// Halves (i, i + n_rot/2): GPT-NeoX mode.
+    Neox,
+    /// No rotary embedding (learned absolute positions instead).
+    None,
+}
+
+/// The feed-forward network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnKind {
+    /// down(silu(gate(x)) * up(x))
+    SwiGlu,
+    /// down(gelu(gate(x)) * up(x))
+    GeGlu,
+    /// down(gelu(up(x))), with biases where present
+    Gelu,
+    /// Phi-3: `ffn_up` holds gate and up stacked; down(silu(first half) * second half)
+    SwiGluStacked,
+}
+
+/// How attention and feed-forward outputs reach the residual stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residual {
+    /// x = x + attn(norm(x)); x = x + ffn(norm(x))
+    Sequential,
+    /// x = x + attn(norm1(x)) + ffn(norm2(x)); `shared_norm` uses norm1 for both
+    /// (Falcon, Phi-2), otherwise `ffn_norm` is norm2 (GPT-NeoX).
+    Parallel { shared_norm: bool },
+}
+
+/// Which layers use the sliding window (when the file sets one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwaPattern {
+    /// Every layer is global.
+    None,
+    /// Of each group of `n` layers, the first `n - 1` are sliding, the last global
+    /// (llama.cpp `set_swa_pattern(n, dense_first = false)`), unless the file gives
+    /// `attention.sliding_window_pattern`.
+    LastOfGroup(u32),
+}
+
+/// Where Q, K and V come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvLayout {
+    /// `attn_q`, `attn_k`, `attn_v`.
+    Separate,
+    /// One `attn_qkv` projection, rows Q then K then V.
+    Fused,
+}
+
+/// One architecture.
+#[derive(Clone, Copy, Debug)]
+pub struct ArchSpec {
+    /// The `general.architecture` value.
+    pub name: &'static str,
+    /// What models it covers (for `llamay coverage`).
+    pub covers: &'static str,
+    pub norm: NormKind,
+    pub rope: RopeStyle,
+    pub qkv: QkvLayout,
+    /// Per-head RMS norms on Q and K after projection (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    pub ffn: FfnKind,
+    pub residual: Residual,
+    /// Token embeddings are multiplied by sqrt(n_embd) (Gemma).
+    pub embed_scale_sqrt: bool,
+    /// Extra RMS norms on the attention and feed-forward outputs (Gemma 2/3).
+    pub post_norms: bool,
+    pub swa: SwaPattern,
+    /// Learned absolute position embeddings (`position_embd`), GPT-2.
+    pub learned_positions: bool,
+    /// Gemma 3: local (sliding) layers use `rope.freq_base_swa`, default 10000.
+    pub swa_rope_base: bool,
+    /// Attention scale is 1/sqrt(key_length) (Gemma: query_pre_attn_scalar).
+    pub scale_by_key_length: bool,
+}
+
+const BASE: ArchSpec = ArchSpec {
+    name: "",
+    covers: "",
+    norm: NormKind::Rms,
+    rope: RopeStyle::Interleaved,
+    qkv: QkvLayout::Separate,
+    qk_norm: false,
+    ffn: FfnKind::SwiGlu,
+    residual: Residual::Sequential,
+    embed_scale_sqrt: false,
+    post_norms: false,
+    swa: SwaPattern::None,
+    learned_positions: false,
+    swa_rope_base: false,
+    scale_by_key_length: false,
+};
+
+/// Every architecture this build runs.
+pub const ARCHITECTURES: &[ArchSpec] = &[
+    ArchSpec {
+        name: "llama",
+        covers: "Llama 1-3, most fine-tunes",
+        ..BASE
+    },
+    ArchSpec {
+        name: "mistral",
+        covers: "Mistral (declared as its own name)",
+        ..BASE
+    },
+    ArchSpec {
+        name: "azmx",
+        covers: "AZMX One and Code",
+        ..BASE
+    },
+    ArchSpec {
+        name: "qwen2",
+        covers: "Qwen 2, 2.5",
+        rope: RopeStyle::Neox,
+        ..BASE
+    },
+    ArchSpec {
+        name: "qwen3",
+        covers: "Qwen 3",
+        rope: RopeStyle::Neox,
+        qk_norm: true,
+        ..BASE
+    },
+    ArchSpec {
+        name: "gemma",
+        covers: "Gemma 1",
+        rope: RopeStyle::Neox,
+        ffn: FfnKind::GeGlu,
+        embed_scale_sqrt: true,
+        scale_by_key_length: true,
+        ..BASE
+    },
+    ArchSpec {
+        name: "gemma2",
+        covers: "Gemma 2",
+        rope: RopeStyle::Neox,
+        ffn: FfnKind::GeGlu,
+        embed_scale_sqrt: true,
+        post_norms: true,
+        swa: SwaPattern::LastOfGroup(2),
+        scale_by_key_length: true,
+        ..BASE
+    },
+    ArchSpec {
+        name: "gemma3",
+        covers: "Gemma 3 (text)",
+        rope: RopeStyle::Neox,
+        qk_norm: true,
+        ffn: FfnKind::GeGlu,
+        embed_scale_sqrt: true,
+        post_norms: true,
+        swa: SwaPattern::LastOfGroup(6),
+        swa_rope_base: true,
+        scale_by_key_length: true,
+        ..BASE
+    },
+    ArchSpec {
+        name: "phi3",
+        covers: "Phi-3, Phi-3.5",
+        rope: RopeStyle::Neox,
+        qkv: QkvLayout::Fused,
+        ffn: FfnKind::SwiGluStacked,
+        ..BASE
+    },
+    ArchSpec {
+        name: "stablelm",
+        covers: "StableLM 2",
+        norm: NormKind::Layer,
+        rope: RopeStyle::Neox,
+        ..BASE
+    },
+    ArchSpec {
+        name: "gpt2",
+        covers: "GPT-2",
+        norm: NormKind::Layer,
+        rope: RopeStyle::None,
+        qkv: QkvLayout::Fused,
+        ffn: FfnKind::Gelu,
+        learned_positions: true,
+        ..BASE
+    },
+    ArchSpec {
+        name: "falcon",
+        covers: "Falcon",
+        norm: NormKind::Layer,
+        rope: RopeStyle::Neox,
+        qkv: QkvLayout::Fused,
+        ffn: FfnKind::Gelu,
+        residual: Residual::Parallel { shared_norm: true },
+        ..BASE
+    },
+    ArchSpec {
+        name: "gptneox",
+        covers: "Pythia, GPT-NeoX",
+        norm: NormKind::Layer,
+        rope: RopeStyle::Neox,
+        qkv: QkvLayout::Fused,
+        ffn: FfnKind::Gelu,
+        residual: Residual::Parallel { shared_norm: false },
+        ..BASE
+    },
+    ArchSpec {
+        name: "phi2",
+        covers: "Phi-2",
+        norm: NormKind::Layer,
+        rope: RopeStyle::Neox,
+        qkv: QkvLayout::Fused,
+        ffn: FfnKind::Gelu,
+        residual: Residual::Parallel { shared_norm: true },
+        ..BASE
+    },
+];
+
+/// Families refused by name, with the reason.
+pub const REFUSED: &[(&str, &str)] = &[
+    (
+        "mamba",
+        "state-space models are not implemented (declined rather than approximated)",
+    ),
+    (
+        "mamba2",
+        "state-space models are not implemented (declined rather than approximated)",
+    ),
+    ("jamba", "hybrid state-space models are not implemented"),
+    ("falcon-h1", "hybrid state-space models are not implemented"),
+    ("rwkv6", "recurrent models are not implemented"),
+    ("rwkv7", "recurrent models are not implemented"),
+    ("clip", "vision encoders are not implemented on any backend"),
+    ("mllama", "vision models are not implemented"),
+    (
+        "deepseek2",
+        "multi-head latent attention caches one compressed latent per position, which changes what a KV page holds",
+    ),
+    (
+        "deepseek3",
+        "multi-head latent attention caches one compressed latent per position, which changes what a KV page holds",
+    ),
+];
+
+pub fn find(name: &str) -> Option<&'static ArchSpec> {
+    ARCHITECTURES.iter().find(|a| a.name == name)
+}
+
+pub fn names() -> Vec<&'static str> {
+    ARCHITECTURES.iter().map(|a| a.name).collect()
+}

@@ -1,0 +1,256 @@
+//! Config synthesis: hyper-parameters rebuilt from a file's metadata (and tensor shapes
+//! where metadata is lossy). Only the loader reads metadata keys (invariant 4); this
+//! module is where it does.
+
+use crate::LoadError;
+use crate::arch::{ArchSpec, NormKind, SwaPattern};
+use llamay_gguf::{Metadata, Model as Gguf, Value};
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub arch: &'static ArchSpec,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    /// Per-head dimension of Q and K.
+    pub head_dim_k: usize,
+    /// Per-head dimension of V.
+    pub head_dim_v: usize,
+    pub n_ff: usize,
+    pub norm_eps: f32,
+    /// Rotated dimensions per head (partial rotary when < head_dim_k).
+    pub n_rot: usize,
+    pub rope_base: f32,
+    /// Rope base of sliding-window layers (Gemma 3), else `rope_base`.
+    pub rope_base_swa: f32,
+    /// Linear rope scaling: positions are multiplied by this.
+    pub rope_freq_scale: f32,
+    /// Sliding window size in tokens (0 = none).
+    pub n_swa: usize,
+    /// Which layers use the sliding window.
+    pub swa_layers: Vec<bool>,
+    pub attn_scale: f32,
+    pub attn_softcap: Option<f32>,
+    pub final_softcap: Option<f32>,
+}
+
+fn md_err(e: llamay_gguf::MetadataTypeError) -> LoadError {
+    LoadError::Metadata(e.to_string())
+}
+
+struct Keys<'m, 'a> {
+    md: &'m Metadata<'a>,
+    arch: &'static str,
+}
+
+impl Keys<'_, '_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// An unsigned count; per-layer arrays must be uniform (this build runs uniform
+    /// layers only).
+    fn count(&self, k: &str) -> Result<Option<usize>, LoadError> {
+        let key = self.key(k);
+        match self.md.get(&key) {
+            Some(Value::Array(a)) => {
+                let vals: Vec<u64> = a.iter().filter_map(|v| v.as_u64()).collect();
+                match vals.first() {
+                    Some(&first) if vals.len() == a.len() && vals.iter().all(|&v| v == first) => {
+                        Ok(Some(first as usize))
+                    }
+                    _ => Err(LoadError::Unsupported(format!(
+                        "metadata key '{key}' varies per layer; this build runs models whose layers are uniform"
+                    ))),
+                }
+            }
+            _ => Ok(self.md.get_u64(&key).map_err(md_err)?.map(|v| v as usize)),
+        }
+    }
+
+    fn required(&self, k: &str) -> Result<usize, LoadError> {
+        self.count(k)?
+            .ok_or_else(|| LoadError::Metadata(format!("missing required key '{}'", self.key(k))))
+    }
+
+    fn float(&self, k: &str) -> Result<Option<f32>, LoadError> {
+        Ok(self
+            .md
+            .get_f64(&self.key(k))
+            .map_err(md_err)?
+            .map(|v| v as f32))
+    }
+}
+
+/// Upper bounds that keep a hostile file from asking for absurd allocations.
+const MAX_DIM: usize = 1 << 20;
+const MAX_LAYERS: usize = 1 << 12;
+
+impl Config {
+    pub fn from_gguf(arch: &'static ArchSpec, gguf: &Gguf<'_>) -> Result<Config, LoadError> {
+        let md = gguf.metadata();
+        let k = Keys {
+            md,
+            arch: arch.name,
+        };
+        let n_embd = k.required("embedding_length")?;
+        let n_layer = k.required("block_count")?;
+        let n_head = k.required("attention.head_count")?;
+        let n_head_kv = k.count("attention.head_count_kv")?.unwrap_or(n_head);
+        let n_ff = k.required("feed_forward_length")?;
+        if n_embd == 0 || n_head == 0 || n_head_kv == 0 || n_layer == 0 || n_ff == 0 {
+            return Err(LoadError::Metadata("embedding length, block count, head counts and feed-forward length must be positive".into()));
+        }
+        if n_embd > MAX_DIM || n_ff > MAX_DIM || n_layer > MAX_LAYERS || n_head > n_embd {
+            return Err(LoadError::Metadata(format!(
+                "implausible shape: n_embd {n_embd}, n_ff {n_ff}, n_layer {n_layer}, n_head {n_head}"
+            )));
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(LoadError::Metadata(format!(
+                "head_count {n_head} is not a multiple of head_count_kv {n_head_kv}"
+            )));
+        }
+        let head_dim_k = k.count("attention.key_length")?.unwrap_or(n_embd / n_head);
+        let head_dim_v = k
+            .count("attention.value_length")?
+            .unwrap_or(n_embd / n_head);
+        if head_dim_k == 0 || head_dim_v == 0 || head_dim_k > MAX_DIM || head_dim_v > MAX_DIM {
+            return Err(LoadError::Metadata(format!(
+                "implausible head dimensions {head_dim_k}/{head_dim_v}"
+            )));
+        }
+        let n_rot = k.count("rope.dimension_count")?.unwrap_or(head_dim_k);
+        if n_rot > head_dim_k || n_rot % 2 != 0 {
+            return Err(LoadError::Metadata(format!(
+                "rope.dimension_count {n_rot} must be even and at most the head dimension {head_dim_k}"
+            )));
+        }
+        let norm_eps = match arch.norm {
+            NormKind::Rms => k.float("attention.layer_norm_rms_epsilon")?,
+            NormKind::Layer => k.float("attention.layer_norm_epsilon")?,
+        }
+        .unwrap_or(1e-5);
+        let rope_base = k.float("rope.freq_base")?.unwrap_or(10_000.0);
+        let rope_base_swa = if arch.swa_rope_base {
+            k.float("rope.freq_base_swa")?.unwrap_or(10_000.0)
+        } else {
+            rope_base
+        };
+        let rope_freq_scale = match md.get_str(&k.key("rope.scaling.type")).map_err(md_err)? {
+            None | Some("none") => 1.0,
+            Some("linear") => {
+                let f = k.float("rope.scaling.factor")?.unwrap_or(1.0);
+                if !(f.is_finite() && f > 0.0) {
+                    return Err(LoadError::Metadata(format!(
+                        "rope.scaling.factor {f} must be positive"
+                    )));
+                }
+                1.0 / f
+            }
+            Some(other) => {
+                return Err(LoadError::Unsupported(format!(
+                    "rope scaling type '{other}' is not implemented yet (linear and none are)"
+                )));
+            }
+        };
+
+        let n_swa = match arch.swa {
+            SwaPattern::None => 0,
+            SwaPattern::LastOfGroup(_) => k.count("attention.sliding_window")?.unwrap_or(0),
+        };
+        let swa_layers = match (arch.swa, n_swa) {
+            (SwaPattern::LastOfGroup(default_n), n) if n > 0 => {
+                let pattern = match md.get(&k.key("attention.sliding_window_pattern")) {
+                    Some(Value::Array(a)) => {
+                        let v: Vec<bool> = a.iter().filter_map(|v| v.as_bool()).collect();
+                        if v.len() != n_layer {
+                            return Err(LoadError::Metadata(format!(
+                                "attention.sliding_window_pattern has {} entries for {n_layer} layers",
+                                v.len()
+                            )));
+                        }
+                        Some(v)
+                    }
+                    _ => None,
+                };
+                match pattern {
+                    Some(v) => v,
+                    None => {
+                        let n = k
+                            .count("attention.sliding_window_pattern")?
+                            .unwrap_or(default_n as usize);
+                        (0..n_layer).map(|il| n == 0 || il % n < n - 1).collect()
+                    }
+                }
+            }
+            _ => vec![false; n_layer],
+        };
+
+        // Gemma 2/3 27B scale by n_embd / n_head instead of the key length
+        // (gemma_pytorch's query_pre_attn_scalar; llama.cpp keys it on the layer count).
+        let is_gemma_27b = matches!(arch.name, "gemma2" | "gemma3") && matches!(n_layer, 46 | 62);
+        let attn_scale = if arch.scale_by_key_length && !is_gemma_27b {
+            1.0 / (head_dim_k as f32).sqrt()
+        } else if is_gemma_27b {
+            1.0 / ((n_embd / n_head) as f32).sqrt()
+        } else {
+            1.0 / (head_dim_k as f32).sqrt()
+        };
+        let softcap = |key: &str| -> Result<Option<f32>, LoadError> {
+            Ok(k.float(key)?.filter(|&c| c != 0.0))
+        };
+        let attn_softcap = softcap("attn_logit_softcapping")?;
+        let final_softcap = softcap("final_logit_softcapping")?;
+
+        let embd = gguf
+            .tensor("token_embd.weight")
+            .ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
+        let n_vocab = embd.shape.get(1).copied().unwrap_or(1) as usize;
+        if embd.row_len() as usize != n_embd {
+            return Err(LoadError::Shape(format!(
+                "token_embd.weight rows have {} values, embedding_length is {n_embd}",
+                embd.row_len()
+            )));
+        }
+        let n_ctx_train = k.count("context_length")?.unwrap_or(2048);
+        Ok(Config {
+            arch,
+            n_vocab,
+            n_ctx_train,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim_k,
+            head_dim_v,
+            n_ff,
+            norm_eps,
+            n_rot,
+            rope_base,
+            rope_base_swa,
+            rope_freq_scale,
+            n_swa,
+            swa_layers,
+            attn_scale,
+            attn_softcap,
+            final_softcap,
+        })
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim_k
+    }
+
+    pub fn k_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim_k
+    }
+
+    pub fn v_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim_v
+    }
+}

@@ -1,0 +1,333 @@
+//! The one generic transformer block, driven by the architecture row, and the
+//! batch-shaped decode: tokens of several sequences in one call.
+
+use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
+use crate::kv::KvCache;
+use crate::ops::{add_bias, gelu, layer_norm, rms_norm, rope, silu, softmax};
+use crate::tensor::{Threads, matmul, parallel_ranges, round_activations};
+use crate::weights::{Linear, Norm};
+use crate::{DecodeError, Model};
+
+/// One token of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchToken {
+    /// Index into the `caches` passed to [`Model::decode`].
+    pub seq: usize,
+    pub token: u32,
+    /// Position in its sequence; must be the sequence's next position.
+    pub pos: usize,
+    /// Whether logits are wanted for this token.
+    pub logits: bool,
+}
+
+/// Logits for the tokens that asked for them, in batch order.
+pub struct Logits {
+    pub n_vocab: usize,
+    /// Batch indices that asked for logits.
+    pub index: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+impl Logits {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.values[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+}
+
+fn apply_norm(x: &mut [f32], norm: &Norm, kind: NormKind, eps: f32, cols: usize) {
+    for row in x.chunks_mut(cols) {
+        match kind {
+            NormKind::Rms => rms_norm(row, &norm.weight, eps),
+            NormKind::Layer => layer_norm(row, &norm.weight, norm.bias.as_deref(), eps),
+        }
+    }
+}
+
+fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize) {
+    for row in x.chunks_mut(cols) {
+        rms_norm(row, w, eps);
+    }
+}
+
+/// `y = W x + b` for `n` rows of input.
+fn linear(l: &Linear<'_>, x: &[f32], n: usize, threads: Threads) -> Vec<f32> {
+    let mut xr = x.to_vec();
+    round_activations(l.w.ty, &mut xr, l.w.cols);
+    let mut out = vec![0f32; n * l.w.rows];
+    matmul(&l.w, &xr, n, &mut out, threads);
+    add_bias(&mut out, l.b.as_ref(), l.w.rows);
+    out
+}
+
+impl Model<'_> {
+    /// Runs one batch: appends every token's keys and values to its sequence's cache
+    /// and returns logits for the tokens that asked. On error nothing is appended.
+    pub fn decode(
+        &self,
+        caches: &mut [KvCache],
+        batch: &[BatchToken],
+    ) -> Result<Logits, DecodeError> {
+        let cfg = &self.config;
+        let n = batch.len();
+        if n == 0 {
+            return Err(DecodeError::EmptyBatch);
+        }
+        // Validate before touching anything: ids, sequences, positions in order.
+        let mut next: Vec<usize> = caches.iter().map(KvCache::len).collect();
+        for bt in batch {
+            let Some(expected) = next.get_mut(bt.seq) else {
+                return Err(DecodeError::BadSequence {
+                    seq: bt.seq,
+                    n_seqs: caches.len(),
+                });
+            };
+            if bt.token as usize >= cfg.n_vocab {
+                return Err(DecodeError::TokenOutOfRange {
+                    token: bt.token,
+                    n_vocab: cfg.n_vocab,
+                });
+            }
+            if bt.pos != *expected {
+                return Err(DecodeError::BadPosition {
+                    seq: bt.seq,
+                    pos: bt.pos,
+                    expected: *expected,
+                });
+            }
+            if bt.pos >= caches[bt.seq].capacity() {
+                return Err(DecodeError::ContextFull {
+                    seq: bt.seq,
+                    capacity: caches[bt.seq].capacity(),
+                });
+            }
+            if let Some(pe) = &self.weights.position_embd
+                && bt.pos >= pe.rows
+            {
+                return Err(DecodeError::ContextFull {
+                    seq: bt.seq,
+                    capacity: pe.rows,
+                });
+            }
+            *expected += 1;
+        }
+
+        let e = cfg.n_embd;
+        let arch = cfg.arch;
+        let threads = self.threads;
+        let mut x = vec![0f32; n * e];
+        let mut tmp = vec![0f32; e];
+        for (t, bt) in batch.iter().enumerate() {
+            let row = &mut x[t * e..(t + 1) * e];
+            self.weights.token_embd.dequant_row(bt.token as usize, row);
+            if arch.embed_scale_sqrt {
+                let s = (e as f32).sqrt();
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+            if let Some(pe) = &self.weights.position_embd {
+                pe.dequant_row(bt.pos, &mut tmp);
+                row.iter_mut().zip(&tmp).for_each(|(v, p)| *v += p);
+            }
+        }
+
+        let (qd, kd, vd) = (cfg.q_dim(), cfg.k_dim(), cfg.v_dim());
+        let hk = cfg.head_dim_k;
+        for (il, layer) in self.weights.layers.iter().enumerate() {
+            let mut h = x.clone();
+            apply_norm(&mut h, &layer.attn_norm, arch.norm, cfg.norm_eps, e);
+
+            let mut q = linear(&layer.q, &h, n, threads);
+            let mut k = linear(&layer.k, &h, n, threads);
+            let v = linear(&layer.v, &h, n, threads);
+            if let Some(w) = &layer.q_norm {
+                rms_rows(&mut q, w, cfg.norm_eps, hk);
+            }
+            if let Some(w) = &layer.k_norm {
+                rms_rows(&mut k, w, cfg.norm_eps, hk);
+            }
+            let swa = cfg.swa_layers[il];
+            let base = if swa {
+                cfg.rope_base_swa
+            } else {
+                cfg.rope_base
+            };
+            if arch.rope != RopeStyle::None {
+                let ff = self.weights.rope_freqs.as_deref();
+                for (t, bt) in batch.iter().enumerate() {
+                    let pos = bt.pos as f32;
+                    for head in q[t * qd..(t + 1) * qd].chunks_mut(hk) {
+                        rope(
+                            head,
+                            pos,
+                            cfg.n_rot,
+                            base,
+                            cfg.rope_freq_scale,
+                            arch.rope,
+                            ff,
+                        );
+                    }
+                    for head in k[t * kd..(t + 1) * kd].chunks_mut(hk) {
+                        rope(
+                            head,
+                            pos,
+                            cfg.n_rot,
+                            base,
+                            cfg.rope_freq_scale,
+                            arch.rope,
+                            ff,
+                        );
+                    }
+                }
+            }
+            for (t, bt) in batch.iter().enumerate() {
+                caches[bt.seq].append(il, &k[t * kd..(t + 1) * kd], &v[t * vd..(t + 1) * vd]);
+            }
+
+            let attn = self.attention(caches, batch, il, &q, swa);
+            let mut o = linear(&layer.attn_out, &attn, n, threads);
+            if let Some(w) = &layer.post_attn_norm {
+                rms_rows(&mut o, w, cfg.norm_eps, e);
+            }
+
+            match arch.residual {
+                Residual::Sequential => {
+                    x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+                    let mut h2 = x.clone();
+                    if let Some(norm) = &layer.ffn_norm {
+                        apply_norm(&mut h2, norm, arch.norm, cfg.norm_eps, e);
+                    }
+                    let f = self.ffn(layer, &h2, n);
+                    x.iter_mut().zip(&f).for_each(|(a, b)| *a += b);
+                }
+                Residual::Parallel { shared_norm } => {
+                    let f = if shared_norm {
+                        self.ffn(layer, &h, n)
+                    } else {
+                        let mut h2 = x.clone();
+                        if let Some(norm) = &layer.ffn_norm {
+                            apply_norm(&mut h2, norm, arch.norm, cfg.norm_eps, e);
+                        }
+                        self.ffn(layer, &h2, n)
+                    };
+                    for ((a, b), c) in x.iter_mut().zip(&o).zip(&f) {
+                        *a += b + c;
+                    }
+                }
+            }
+        }
+        for (seq, cache) in caches.iter_mut().enumerate() {
+            let added = batch.iter().filter(|b| b.seq == seq).count();
+            cache.commit(added);
+        }
+
+        let index: Vec<usize> = batch
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.logits)
+            .map(|(i, _)| i)
+            .collect();
+        let mut h = Vec::with_capacity(index.len() * e);
+        for &i in &index {
+            h.extend_from_slice(&x[i * e..(i + 1) * e]);
+        }
+        apply_norm(
+            &mut h,
+            &self.weights.output_norm,
+            arch.norm,
+            cfg.norm_eps,
+            e,
+        );
+        let mut values = linear(&self.weights.output, &h, index.len(), threads);
+        if let Some(c) = cfg.final_softcap {
+            values.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
+        }
+        Ok(Logits {
+            n_vocab: cfg.n_vocab,
+            index,
+            values,
+        })
+    }
+
+    fn ffn(&self, layer: &crate::weights::Layer<'_>, h: &[f32], n: usize) -> Vec<f32> {
+        let threads = self.threads;
+        let mut up = linear(&layer.ffn_up, h, n, threads);
+        match self.config.arch.ffn {
+            FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu => {
+                if let Some(gate) = &layer.ffn_gate {
+                    let g = linear(gate, h, n, threads);
+                    let act = if self.config.arch.ffn == FfnKind::GeGlu {
+                        gelu
+                    } else {
+                        silu
+                    };
+                    up.iter_mut().zip(&g).for_each(|(u, g)| *u *= act(*g));
+                }
+            }
+            FfnKind::Gelu => up.iter_mut().for_each(|u| *u = gelu(*u)),
+        }
+        let mut down = linear(&layer.ffn_down, &up, n, threads);
+        if let Some(w) = &layer.post_ffn_norm {
+            rms_rows(&mut down, w, self.config.norm_eps, self.config.n_embd);
+        }
+        down
+    }
+
+    /// Causal attention of every batch token over its sequence's cache.
+    fn attention(
+        &self,
+        caches: &[KvCache],
+        batch: &[BatchToken],
+        il: usize,
+        q: &[f32],
+        swa: bool,
+    ) -> Vec<f32> {
+        let cfg = &self.config;
+        let (hk, hv) = (cfg.head_dim_k, cfg.head_dim_v);
+        let group = cfg.n_head / cfg.n_head_kv;
+        let n_work = batch.len() * cfg.n_head;
+        let parts = parallel_ranges(n_work, self.threads, |range| {
+            let mut out = vec![0f32; range.len() * hv];
+            let mut scores = Vec::new();
+            for (i, w) in range.enumerate() {
+                let (t, head) = (w / cfg.n_head, w % cfg.n_head);
+                let bt = batch[t];
+                let cache = &caches[bt.seq];
+                let (kdim, vdim) = cache.dims();
+                let keys = cache.keys(il);
+                let values = cache.values(il);
+                let kvh = head / group;
+                let qv = &q[t * cfg.q_dim() + head * hk..t * cfg.q_dim() + (head + 1) * hk];
+                let first = if swa && cfg.n_swa > 0 {
+                    (bt.pos + 1).saturating_sub(cfg.n_swa)
+                } else {
+                    0
+                };
+                scores.clear();
+                for p in first..=bt.pos {
+                    let kv = &keys[p * kdim + kvh * hk..p * kdim + (kvh + 1) * hk];
+                    let mut s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * cfg.attn_scale;
+                    if let Some(c) = cfg.attn_softcap {
+                        s = (s / c).tanh() * c;
+                    }
+                    scores.push(s);
+                }
+                softmax(&mut scores);
+                let o = &mut out[i * hv..(i + 1) * hv];
+                for (j, p) in (first..=bt.pos).enumerate() {
+                    let vv = &values[p * vdim + kvh * hv..p * vdim + (kvh + 1) * hv];
+                    let wgt = scores[j];
+                    o.iter_mut().zip(vv).for_each(|(a, b)| *a += wgt * b);
+                }
+            }
+            out
+        });
+        parts.concat()
+    }
+}

@@ -1,0 +1,169 @@
+//! The engine: the architecture table, config synthesis, strict weight binding, the
+//! generic forward pass over a batch of sequences, the KV cache and sampling.
+//!
+//! ```text
+//! MappedModel::open(path)?.parse()?  ──▶  Model::load(&gguf, threads)?  ──▶  model.decode(&mut caches, &batch)?
+//! ```
+
+pub mod arch;
+pub mod config;
+mod forward;
+pub mod kv;
+mod ops;
+pub mod sample;
+pub mod tensor;
+mod weights;
+
+pub use arch::{ARCHITECTURES, ArchSpec};
+pub use config::Config;
+pub use forward::{BatchToken, Logits};
+pub use kv::KvCache;
+pub use tensor::Threads;
+
+use llamay_gguf::Model as Gguf;
+
+/// Why a model cannot be loaded: each names what is wrong and, for a refusal, what
+/// does work.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LoadError {
+    #[error("the file declares no general.architecture")]
+    NoArchitecture,
+    #[error("architecture '{name}' is refused: {why}; runnable architectures: {works}")]
+    Refused {
+        name: String,
+        why: &'static str,
+        works: String,
+    },
+    #[error("unknown architecture '{name}'; runnable architectures: {works}")]
+    UnknownArchitecture { name: String, works: String },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("metadata: {0}")]
+    Metadata(String),
+    #[error("required tensor '{0}' is missing")]
+    MissingTensor(String),
+    #[error("shape: {0}")]
+    Shape(String),
+    #[error("{} tensor(s) would be left unread by the {arch} loader: {}", names.len(), names.join(", "))]
+    Unbound {
+        arch: &'static str,
+        names: Vec<String>,
+    },
+}
+
+impl LoadError {
+    /// Tensors the loader would leave unread, when that is why the load failed.
+    pub fn unread(&self) -> &[String] {
+        match self {
+            LoadError::Unbound { names, .. } => names,
+            _ => &[],
+        }
+    }
+}
+
+/// Why a decode call was rejected (before any state changed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty batch")]
+    EmptyBatch,
+    #[error("token id {token} is outside the vocabulary (0..{n_vocab})")]
+    TokenOutOfRange { token: u32, n_vocab: usize },
+    #[error("batch names sequence {seq}, but there are {n_seqs}")]
+    BadSequence { seq: usize, n_seqs: usize },
+    #[error("sequence {seq}: position {pos} given, the next position is {expected}")]
+    BadPosition {
+        seq: usize,
+        pos: usize,
+        expected: usize,
+    },
+    #[error("sequence {seq}: the context of {capacity} tokens is full")]
+    ContextFull { seq: usize, capacity: usize },
+}
+
+/// A loaded model: its config and weights, borrowing the file's mapping.
+pub struct Model<'a> {
+    pub config: Config,
+    weights: weights::Weights<'a>,
+    threads: Threads,
+}
+
+fn works() -> String {
+    arch::names().join(" ")
+}
+
+/// Looks up the architecture a file declares: a row of the table, or a refusal.
+pub fn architecture_of(gguf: &Gguf<'_>) -> Result<&'static ArchSpec, LoadError> {
+    let name = gguf
+        .metadata()
+        .architecture()
+        .map_err(|e| LoadError::Metadata(e.to_string()))?
+        .ok_or(LoadError::NoArchitecture)?;
+    if let Some(spec) = arch::find(name) {
+        return Ok(spec);
+    }
+    if let Some((_, why)) = arch::REFUSED.iter().find(|(n, _)| *n == name) {
+        return Err(LoadError::Refused {
+            name: name.to_string(),
+            why,
+            works: works(),
+        });
+    }
+    Err(LoadError::UnknownArchitecture {
+        name: name.to_string(),
+        works: works(),
+    })
+}
+
+impl<'a> Model<'a> {
+    /// Strict load: the architecture must be in the table, every tensor bound to a
+    /// slot, every required slot filled, every shape as the config says.
+    pub fn load(gguf: &Gguf<'a>, threads: Threads) -> Result<Model<'a>, LoadError> {
+        if gguf.big_endian() {
+            return Err(LoadError::Unsupported(
+                "the file is big-endian; llamay runs little-endian files (convert with gguf-py's gguf_convert_endian)"
+                    .into(),
+            ));
+        }
+        if let Some(t) = gguf.tensors().find(|t| !t.ty.is_readable()) {
+            return Err(LoadError::Unsupported(format!(
+                "tensor '{}': {}",
+                t.name,
+                t.ty.refusal().unwrap_or_default()
+            )));
+        }
+        let arch = architecture_of(gguf)?;
+        if gguf.tensor("rope_factors_long.weight").is_some()
+            || gguf.tensor("rope_factors_short.weight").is_some()
+        {
+            return Err(LoadError::Unsupported(
+                "LongRoPE factors (rope_factors_long/short, Phi-3 128k) are not implemented yet; the 4k Phi-3 variants run"
+                    .into(),
+            ));
+        }
+        let config = Config::from_gguf(arch, gguf)?;
+        let weights = weights::Weights::bind(&config, gguf)?;
+        Ok(Model {
+            config,
+            weights,
+            threads,
+        })
+    }
+
+    /// A fresh KV cache for one sequence of at most `n_ctx` positions.
+    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(
+            self.config.n_layer,
+            self.config.k_dim(),
+            self.config.v_dim(),
+            n_ctx,
+        )
+    }
+
+    pub fn threads(&self) -> Threads {
+        self.threads
+    }
+
+    pub fn set_threads(&mut self, threads: Threads) {
+        self.threads = threads;
+    }
+}

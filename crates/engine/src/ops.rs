@@ -1,0 +1,146 @@
+//! Elementwise and per-row operations of the forward pass (portable reference).
+
+use crate::arch::RopeStyle;
+use half::f16;
+
+/// RMSNorm of one row, scaled by `w`.
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let mean_sq = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / x.len() as f64;
+    let scale = (1.0 / (mean_sq + f64::from(eps)).sqrt()) as f32;
+    for (v, w) in x.iter_mut().zip(w) {
+        *v = *v * scale * w;
+    }
+}
+
+/// LayerNorm of one row with weight and optional bias.
+pub fn layer_norm(x: &mut [f32], w: &[f32], b: Option<&[f32]>, eps: f32) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
+    let var = x
+        .iter()
+        .map(|v| (f64::from(*v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let scale = 1.0 / (var + f64::from(eps)).sqrt();
+    for (i, v) in x.iter_mut().enumerate() {
+        let y = ((f64::from(*v) - mean) * scale) as f32 * w[i];
+        *v = match b {
+            Some(b) => y + b[i],
+            None => y,
+        };
+    }
+}
+
+pub fn add_bias(x: &mut [f32], b: Option<&Vec<f32>>, cols: usize) {
+    if let Some(b) = b {
+        for row in x.chunks_mut(cols) {
+            for (v, b) in row.iter_mut().zip(b) {
+                *v += b;
+            }
+        }
+    }
+}
+
+fn gelu_tanh(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+/// GELU (tanh form) as ggml's CPU backend computes it: through an f16 lookup table,
+/// i.e. the input rounded to f16 and the result rounded to f16, exact outside ±10.
+pub fn gelu(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let xh = f16::from_f32(x).to_f32();
+        f16::from_f32(gelu_tanh(xh)).to_f32()
+    }
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Rotary embedding of one head vector at position `pos`: the first `n_rot`
+/// dimensions rotate, the rest pass through. `freq_factors` (llama3-style
+/// `rope_freqs`) divide each pair's frequency.
+pub fn rope(
+    x: &mut [f32],
+    pos: f32,
+    n_rot: usize,
+    base: f32,
+    freq_scale: f32,
+    style: RopeStyle,
+    freq_factors: Option<&[f32]>,
+) {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let half = n_rot / 2;
+    let mut theta = pos * freq_scale;
+    for i in 0..half {
+        let ff = freq_factors.map_or(1.0, |f| f[i]);
+        let t = theta / ff;
+        let (sin, cos) = t.sin_cos();
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::Neox => (i, i + half),
+            RopeStyle::None => return,
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * cos - x1 * sin;
+        x[b] = x0 * sin + x1 * cos;
+        theta *= theta_scale;
+    }
+}
+
+/// Softmax in place, over finite and -inf entries.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return;
+    }
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_neox_and_interleaved_rotate_pairs() {
+        let mut a = [1.0, 0.0, 0.0, 0.0];
+        rope(&mut a, 1.0, 4, 10000.0, 1.0, RopeStyle::Interleaved, None);
+        assert!((a[0] - 1f32.cos()).abs() < 1e-6 && (a[1] - 1f32.sin()).abs() < 1e-6);
+        let mut b = [1.0, 0.0, 0.0, 0.0];
+        rope(&mut b, 1.0, 4, 10000.0, 1.0, RopeStyle::Neox, None);
+        assert!((b[0] - 1f32.cos()).abs() < 1e-6 && (b[2] - 1f32.sin()).abs() < 1e-6);
+        // Norm is preserved.
+        let n: f32 = b.iter().map(|v| v * v).sum();
+        assert!((n - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn norms_and_activations() {
+        let mut x = [3.0, 4.0];
+        rms_norm(&mut x, &[1.0, 1.0], 0.0);
+        assert!((x[0] - 3.0 / 12.5f32.sqrt()).abs() < 1e-6);
+        let mut y = [1.0, 3.0];
+        layer_norm(&mut y, &[1.0, 1.0], Some(&[0.5, 0.5]), 0.0);
+        assert!((y[0] + 0.5).abs() < 1e-6 && (y[1] - 1.5).abs() < 1e-6);
+        assert_eq!(gelu(-20.0), 0.0);
+        assert!((gelu(1.0) - 0.8413).abs() < 1e-3);
+        let mut s = [0.0, f32::NEG_INFINITY, 0.0];
+        softmax(&mut s);
+        assert_eq!(s, [0.5, 0.0, 0.5]);
+    }
+}

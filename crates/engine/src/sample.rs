@@ -1,0 +1,256 @@
+//! Sampling: penalties, then top-k, top-p, min-p, temperature, and a seeded draw —
+//! llama.cpp's default chain order. Temperature 0 is greedy.
+
+/// Sampling parameters, validated by [`SamplerParams::validate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerParams {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub penalty_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    /// llama.cpp's defaults.
+    fn default() -> Self {
+        SamplerParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerParams {
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = |name: &str, v: f32| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a finite number, got {v}"))
+            }
+        };
+        finite("temperature", self.temperature)?;
+        finite("top-p", self.top_p)?;
+        finite("min-p", self.min_p)?;
+        finite("repeat-penalty", self.repeat_penalty)?;
+        finite("presence-penalty", self.presence_penalty)?;
+        finite("frequency-penalty", self.frequency_penalty)?;
+        if self.temperature < 0.0 {
+            return Err(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return Err(format!("top-p must be in [0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min-p must be in [0, 1], got {}", self.min_p));
+        }
+        if self.repeat_penalty <= 0.0 {
+            return Err(format!(
+                "repeat-penalty must be > 0, got {}",
+                self.repeat_penalty
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A seeded sampler (xorshift64*: small, deterministic across platforms).
+pub struct Sampler {
+    params: SamplerParams,
+    state: u64,
+    candidates: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplerParams) -> Self {
+        let state = params.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        Sampler {
+            params,
+            state,
+            candidates: Vec::new(),
+        }
+    }
+
+    fn next_f32(&mut self) -> f32 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let r = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (r >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Picks the next token from `logits`, given the tokens generated so far (for the
+    /// penalties). Non-finite logits are never chosen while a finite one exists.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let mut logits_owned;
+        let mut logits = logits;
+        let penalised =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if penalised && !history.is_empty() {
+            logits_owned = logits.to_vec();
+            let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
+            let mut counts = std::collections::HashMap::new();
+            for &t in recent {
+                *counts.entry(t).or_insert(0u32) += 1;
+            }
+            for (&t, &c) in &counts {
+                if let Some(l) = logits_owned.get_mut(t as usize) {
+                    *l = if *l <= 0.0 {
+                        *l * p.repeat_penalty
+                    } else {
+                        *l / p.repeat_penalty
+                    };
+                    *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+                }
+            }
+            logits = &logits_owned;
+        }
+        if p.temperature == 0.0 {
+            return argmax(logits);
+        }
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as u32, l)),
+        );
+        if c.is_empty() {
+            return argmax(logits);
+        }
+        c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 {
+            c.truncate(p.top_k);
+        }
+        // Softmax over the survivors (at temperature 1, as llama.cpp's top-p/min-p see it).
+        let probs = |c: &[(u32, f32)], temp: f32| -> Vec<f32> {
+            let max = c[0].1;
+            let e: Vec<f32> = c.iter().map(|(_, l)| ((l - max) / temp).exp()).collect();
+            let s: f32 = e.iter().sum();
+            e.into_iter().map(|v| v / s).collect()
+        };
+        if p.top_p < 1.0 {
+            let pr = probs(c, 1.0);
+            let mut cum = 0.0;
+            let mut keep = c.len();
+            for (i, q) in pr.iter().enumerate() {
+                cum += q;
+                if cum >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            c.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let max = c[0].1;
+            let threshold = max + p.min_p.ln();
+            let keep = c.iter().take_while(|(_, l)| *l >= threshold).count();
+            c.truncate(keep.max(1));
+        }
+        let temperature = p.temperature;
+        let pr = probs(&self.candidates, temperature);
+        let r = self.next_f32();
+        let mut cum = 0.0;
+        for (i, q) in pr.iter().enumerate() {
+            cum += q;
+            if r < cum {
+                return self.candidates[i].0;
+            }
+        }
+        self.candidates.last().map_or(0, |c| c.0)
+    }
+}
+
+/// The index of the largest finite logit (lowest index on ties); 0 if none is finite.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = None::<(usize, f32)>;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_finite() && best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_and_seeded() {
+        let logits = [0.1, 3.0, 2.9, f32::NAN, -1.0];
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        });
+        assert_eq!(s.sample(&logits, &[]), 1);
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplerParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed,
+                ..Default::default()
+            });
+            (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7), "same seed, same draws");
+        assert!(draw(7).iter().all(|&t| t != 3), "NaN never drawn");
+        assert!(draw(7).contains(&2) && draw(7).contains(&1));
+    }
+
+    #[test]
+    fn filters_and_penalties() {
+        let logits = [5.0, 4.0, 0.0, -3.0];
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        });
+        assert!((0..20).all(|_| s.sample(&logits, &[]) == 0));
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 0.0,
+            repeat_penalty: 10.0,
+            ..Default::default()
+        });
+        assert_eq!(
+            s.sample(&logits, &[0]),
+            1,
+            "repeat penalty demotes the seen token"
+        );
+        let bad = SamplerParams {
+            top_p: 2.0,
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("top-p"));
+        assert!(
+            SamplerParams {
+                temperature: f32::NAN,
+                ..Default::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! Weights as the forward pass sees them, and the one matmul interface every
+//! projection goes through (the CPU-kernels work replaces its body, not its callers).
+//!
+//! Numerics follow llama.cpp where they shape the result: the activation is rounded
+//! through the weight format's dot-product type (Q8_0, Q8_1, Q8_K, F16, BF16) before
+//! the dot product, and products accumulate in f32.
+
+use crate::LoadError;
+use llamay_formats::{GgmlType, dequantize, quantize};
+use llamay_gguf::TensorInfo;
+use std::ops::Range;
+
+/// A 2-D weight borrowed from the mapping: `rows` outputs of `cols` inputs each.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix<'a> {
+    pub name: &'a str,
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+}
+
+impl<'a> Matrix<'a> {
+    /// Binds a tensor as a matrix of `cols` columns; its remaining dimensions are rows.
+    pub fn from_tensor(t: &TensorInfo<'a>, cols: usize, rows: usize) -> Result<Self, LoadError> {
+        if t.row_len() as usize != cols || t.n_elements as usize != cols * rows {
+            return Err(LoadError::Shape(format!(
+                "tensor '{}' has shape {:?}, expected [{cols}, {rows}]",
+                t.name, t.shape
+            )));
+        }
+        if let Some(why) = t.ty.refusal() {
+            return Err(LoadError::Unsupported(format!(
+                "tensor '{}': {why}",
+                t.name
+            )));
+        }
+        let row_bytes = t.ty.bytes_for(cols as u64).ok_or_else(|| {
+            LoadError::Shape(format!(
+                "tensor '{}': {cols} columns is not a whole number of {} blocks",
+                t.name, t.ty
+            ))
+        })? as usize;
+        Ok(Matrix {
+            name: t.name,
+            ty: t.ty,
+            data: t.data,
+            rows,
+            cols,
+            row_bytes,
+        })
+    }
+
+    /// Rows `range` of this matrix as a matrix of its own (zero copy): how a stacked
+    /// projection (Phi-3's gate+up, fused QKV) is split at load.
+    pub fn rows_slice(&self, range: Range<usize>) -> Matrix<'a> {
+        let data = &self.data[range.start * self.row_bytes..range.end * self.row_bytes];
+        Matrix {
+            rows: range.len(),
+            data,
+            ..*self
+        }
+    }
+
+    /// Dequantises row `r` into `out` (length `cols`).
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        let bytes = &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
+        // Shapes and types were checked at bind time, so this cannot fail.
+        let _ = dequantize(self.ty, bytes, out);
+    }
+}
+
+/// Rounds each row of `x` (rows of `cols`) through `ty`, as llama.cpp quantises the
+/// activation to the weight's vec_dot_type before the dot product.
+pub fn round_activations(ty: GgmlType, x: &mut [f32], cols: usize) {
+    let vt = ty.vec_dot_type();
+    if vt == GgmlType::F32 {
+        return;
+    }
+    for row in x.chunks_mut(cols) {
+        // Non-finite activations cannot be quantised; leave them (the output will show it).
+        if let Ok(q) = quantize(vt, row) {
+            let _ = dequantize(vt, &q, row);
+        }
+    }
+}
+
+/// How many threads compute; one per physical core by default.
+#[derive(Clone, Copy, Debug)]
+pub struct Threads(pub usize);
+
+/// Runs `f` over `n` items split into contiguous ranges, one per thread; results in
+/// range order.
+pub fn parallel_ranges<T: Send>(
+    n: usize,
+    threads: Threads,
+    f: impl Fn(Range<usize>) -> T + Sync,
+) -> Vec<T> {
+    let t = threads.0.clamp(1, n.max(1));
+    if t == 1 {
+        return vec![f(0..n)];
+    }
+    let per = n.div_ceil(t);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..t)
+            .map(|i| {
+                let range = (i * per).min(n)..((i + 1) * per).min(n);
+                let f = &f;
+                s.spawn(move || f(range))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent accumulators: vectorisable, and a fixed summation order.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for i in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[i * 8 + l] * b[i * 8 + l];
+        }
+    }
+    let mut tail = 0f32;
+    for i in chunks * 8..a.len() {
+        tail += a[i] * b[i];
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `out[t][r] = W[r] · x[t]` for `n` tokens. `x` holds `n × W.cols` values already
+/// passed through [`round_activations`]; `out` has room for `n × W.rows`.
+pub fn matmul(w: &Matrix<'_>, x: &[f32], n: usize, out: &mut [f32], threads: Threads) {
+    debug_assert_eq!(x.len(), n * w.cols);
+    debug_assert_eq!(out.len(), n * w.rows);
+    let parts = parallel_ranges(w.rows, threads, |rows| {
+        let mut buf = vec![0f32; w.cols];
+        let mut part = vec![0f32; rows.len() * n];
+        for (i, r) in rows.clone().enumerate() {
+            w.dequant_row(r, &mut buf);
+            for t in 0..n {
+                part[i * n + t] = dot(&buf, &x[t * w.cols..(t + 1) * w.cols]);
+            }
+        }
+        (rows, part)
+    });
+    for (rows, part) in parts {
+        for (i, r) in rows.enumerate() {
+            for t in 0..n {
+                out[t * w.rows + r] = part[i * n + t];
+            }
+        }
+    }
+}
+
+/// A 1-D weight (norm scale, bias), dequantised to f32 at load: small and read often.
+pub fn vector(t: &TensorInfo<'_>, len: usize) -> Result<Vec<f32>, LoadError> {
+    if t.n_elements as usize != len {
+        return Err(LoadError::Shape(format!(
+            "tensor '{}' has shape {:?}, expected [{len}]",
+            t.name, t.shape
+        )));
+    }
+    let mut v = vec![0f32; len];
+    dequantize(t.ty, t.data, &mut v)
+        .map_err(|e| LoadError::Unsupported(format!("tensor '{}': {e}", t.name)))?;
+    Ok(v)
+}

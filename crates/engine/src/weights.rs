@@ -1,0 +1,241 @@
+//! Strict binding: every tensor in the file is bound to a slot of the architecture's
+//! tensor-name map, or the load fails naming it; every required slot is filled, or the
+//! load fails naming it; every shape is checked against the config.
+
+use crate::LoadError;
+use crate::arch::{FfnKind, NormKind, QkvLayout, Residual};
+use crate::config::Config;
+use crate::tensor::{Matrix, vector};
+use llamay_gguf::{Model as Gguf, TensorInfo};
+use std::collections::HashSet;
+
+/// A normalisation's parameters (bias only for LayerNorm).
+#[derive(Clone, Debug)]
+pub struct Norm {
+    pub weight: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+}
+
+/// A projection with an optional bias.
+#[derive(Clone, Debug)]
+pub struct Linear<'a> {
+    pub w: Matrix<'a>,
+    pub b: Option<Vec<f32>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Layer<'a> {
+    pub attn_norm: Norm,
+    pub q: Linear<'a>,
+    pub k: Linear<'a>,
+    pub v: Linear<'a>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub attn_out: Linear<'a>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Option<Norm>,
+    pub ffn_gate: Option<Linear<'a>>,
+    pub ffn_up: Linear<'a>,
+    pub ffn_down: Linear<'a>,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Weights<'a> {
+    pub token_embd: Matrix<'a>,
+    pub position_embd: Option<Matrix<'a>>,
+    pub output_norm: Norm,
+    /// The output projection: `output.weight`, or the token embeddings when tied.
+    pub output: Linear<'a>,
+    pub rope_freqs: Option<Vec<f32>>,
+    pub layers: Vec<Layer<'a>>,
+}
+
+/// Looks tensors up by name and records which were bound.
+struct Binder<'g, 'a> {
+    gguf: &'g Gguf<'a>,
+    bound: HashSet<String>,
+}
+
+impl<'a> Binder<'_, 'a> {
+    fn get(&mut self, name: &str) -> Option<&TensorInfo<'a>> {
+        let t = self.gguf.tensor(name)?;
+        self.bound.insert(name.to_string());
+        Some(t)
+    }
+
+    fn require(&mut self, name: &str) -> Result<&TensorInfo<'a>, LoadError> {
+        self.get(name)
+            .ok_or_else(|| LoadError::MissingTensor(name.to_string()))
+    }
+
+    fn matrix(&mut self, name: &str, cols: usize, rows: usize) -> Result<Matrix<'a>, LoadError> {
+        let t = self.require(name)?.clone();
+        Matrix::from_tensor(&t, cols, rows)
+    }
+
+    fn opt_vector(&mut self, name: &str, len: usize) -> Result<Option<Vec<f32>>, LoadError> {
+        match self.get(name).cloned() {
+            Some(t) => vector(&t, len).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        let t = self.require(name)?.clone();
+        vector(&t, len)
+    }
+
+    fn norm(&mut self, prefix: &str, kind: NormKind, len: usize) -> Result<Norm, LoadError> {
+        let weight = self.vector(&format!("{prefix}.weight"), len)?;
+        let bias = match kind {
+            NormKind::Layer => self.opt_vector(&format!("{prefix}.bias"), len)?,
+            NormKind::Rms => None,
+        };
+        Ok(Norm { weight, bias })
+    }
+
+    /// A projection `prefix.weight` with an optional `prefix.bias`.
+    fn linear(&mut self, prefix: &str, cols: usize, rows: usize) -> Result<Linear<'a>, LoadError> {
+        let w = self.matrix(&format!("{prefix}.weight"), cols, rows)?;
+        let b = self.opt_vector(&format!("{prefix}.bias"), rows)?;
+        Ok(Linear { w, b })
+    }
+}
+
+fn split_bias(b: &Option<Vec<f32>>, r: std::ops::Range<usize>) -> Option<Vec<f32>> {
+    b.as_ref().map(|b| b[r].to_vec())
+}
+
+impl<'a> Weights<'a> {
+    pub fn bind(cfg: &Config, gguf: &Gguf<'a>) -> Result<Weights<'a>, LoadError> {
+        let arch = cfg.arch;
+        let mut b = Binder {
+            gguf,
+            bound: HashSet::new(),
+        };
+        let e = cfg.n_embd;
+        let token_embd = b.matrix("token_embd.weight", e, cfg.n_vocab)?;
+        let position_embd = if arch.learned_positions {
+            let t = b.require("position_embd.weight")?.clone();
+            let n_pos = t.shape.get(1).copied().unwrap_or(1) as usize;
+            Some(Matrix::from_tensor(&t, e, n_pos)?)
+        } else {
+            None
+        };
+        let output_norm = b.norm("output_norm", arch.norm, e)?;
+        let output = match b.get("output.weight").cloned() {
+            Some(t) => Linear {
+                w: Matrix::from_tensor(&t, e, cfg.n_vocab)?,
+                b: b.opt_vector("output.bias", cfg.n_vocab)?,
+            },
+            None => Linear {
+                w: token_embd,
+                b: None,
+            },
+        };
+        let rope_freqs = b.opt_vector("rope_freqs.weight", cfg.n_rot / 2)?;
+
+        let (qd, kd, vd) = (cfg.q_dim(), cfg.k_dim(), cfg.v_dim());
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for il in 0..cfg.n_layer {
+            let p = |s: &str| format!("blk.{il}.{s}");
+            let attn_norm = b.norm(&p("attn_norm"), arch.norm, e)?;
+            let (q, k, v) = match arch.qkv {
+                QkvLayout::Separate => (
+                    b.linear(&p("attn_q"), e, qd)?,
+                    b.linear(&p("attn_k"), e, kd)?,
+                    b.linear(&p("attn_v"), e, vd)?,
+                ),
+                QkvLayout::Fused => {
+                    let fused = b.linear(&p("attn_qkv"), e, qd + kd + vd)?;
+                    let part = |r: std::ops::Range<usize>| Linear {
+                        w: fused.w.rows_slice(r.clone()),
+                        b: split_bias(&fused.b, r),
+                    };
+                    (part(0..qd), part(qd..qd + kd), part(qd + kd..qd + kd + vd))
+                }
+            };
+            let (q_norm, k_norm) = if arch.qk_norm {
+                (
+                    Some(b.vector(&p("attn_q_norm.weight"), cfg.head_dim_k)?),
+                    Some(b.vector(&p("attn_k_norm.weight"), cfg.head_dim_k)?),
+                )
+            } else {
+                (None, None)
+            };
+            let attn_out = b.linear(&p("attn_output"), cfg.n_head * cfg.head_dim_v, e)?;
+            let post_attn_norm = if arch.post_norms {
+                Some(b.vector(&p("post_attention_norm.weight"), e)?)
+            } else {
+                None
+            };
+            let ffn_norm = match arch.residual {
+                Residual::Parallel { shared_norm: true } => None,
+                _ => Some(b.norm(&p("ffn_norm"), arch.norm, e)?),
+            };
+            let (ffn_gate, ffn_up) = match arch.ffn {
+                FfnKind::SwiGlu | FfnKind::GeGlu => (
+                    Some(b.linear(&p("ffn_gate"), e, cfg.n_ff)?),
+                    b.linear(&p("ffn_up"), e, cfg.n_ff)?,
+                ),
+                FfnKind::Gelu => (None, b.linear(&p("ffn_up"), e, cfg.n_ff)?),
+                FfnKind::SwiGluStacked => {
+                    let up = b.linear(&p("ffn_up"), e, 2 * cfg.n_ff)?;
+                    let n = cfg.n_ff;
+                    (
+                        Some(Linear {
+                            w: up.w.rows_slice(0..n),
+                            b: split_bias(&up.b, 0..n),
+                        }),
+                        Linear {
+                            w: up.w.rows_slice(n..2 * n),
+                            b: split_bias(&up.b, n..2 * n),
+                        },
+                    )
+                }
+            };
+            let ffn_down = b.linear(&p("ffn_down"), cfg.n_ff, e)?;
+            let post_ffn_norm = if arch.post_norms {
+                Some(b.vector(&p("post_ffw_norm.weight"), e)?)
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm,
+                q,
+                k,
+                v,
+                q_norm,
+                k_norm,
+                attn_out,
+                post_attn_norm,
+                ffn_norm,
+                ffn_gate,
+                ffn_up,
+                ffn_down,
+                post_ffn_norm,
+            });
+        }
+
+        let unbound: Vec<String> = gguf
+            .tensors()
+            .filter(|t| !b.bound.contains(t.name))
+            .map(|t| t.name.to_string())
+            .collect();
+        if !unbound.is_empty() {
+            return Err(LoadError::Unbound {
+                arch: arch.name,
+                names: unbound,
+            });
+        }
+        Ok(Weights {
+            token_embd,
+            position_embd,
+            output_norm,
+            output,
+            rope_freqs,
+            layers,
+        })
+    }
+}
