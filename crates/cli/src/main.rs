@@ -55,6 +55,10 @@ enum Command {
     Dump(cmd::dump::Args),
     /// Rewrite a model with its weight matrices in another format.
     Quantize(cmd::quantize::Args),
+    /// Tokenise text with the file's own tokenizer (exact to llama.cpp).
+    Tokenize(cmd::tokenize::Args),
+    /// Turn a JSON array of token ids back into text.
+    Detokenize(cmd::tokenize::DetokArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +70,8 @@ fn main() -> ExitCode {
         Command::Info(args) => cmd::info::run(&args),
         Command::Dump(args) => cmd::dump::run(&args),
         Command::Quantize(args) => cmd::quantize::run(&args),
+        Command::Tokenize(args) => cmd::tokenize::run(&args),
+        Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
     };
     out::finish(result)
 }
