@@ -5,6 +5,7 @@ mod cmd;
 mod ftype;
 mod out;
 mod runnable;
+mod session;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -59,6 +60,14 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Turn a JSON array of token ids back into text.
     Detokenize(cmd::tokenize::DetokArgs),
+    /// Generate text from a prompt.
+    Run(cmd::run::Args),
+    /// Perplexity of a text file, by llama-perplexity's method.
+    Perplexity(cmd::perplexity::Args),
+    /// What this build carries: CPU features, kernels, formats, architectures.
+    Version(cmd::version::Args),
+    /// Write docs/arch-coverage.md from the architecture table (--check: fail if stale).
+    Coverage(cmd::coverage::Args),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +81,10 @@ fn main() -> ExitCode {
         Command::Quantize(args) => cmd::quantize::run(&args),
         Command::Tokenize(args) => cmd::tokenize::run(&args),
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
+        Command::Run(args) => cmd::run::run(&args),
+        Command::Perplexity(args) => cmd::perplexity::run(&args),
+        Command::Version(args) => cmd::version::run(&args),
+        Command::Coverage(args) => cmd::coverage::run(&args),
     };
     out::finish(result)
 }

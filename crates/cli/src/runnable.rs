@@ -1,8 +1,9 @@
-//! Would this build run the file? Until the engine exists this is the whole answer;
-//! the engine's strict loader will take it over (design invariant 4: only the loader
-//! reads metadata keys for a model's meaning).
+//! Would this build run the file? The engine's strict loader and the tokenizer loader
+//! answer; `info` reports their verdict.
 
-use llamay_gguf::Model;
+use llamay_engine::{Model, Threads};
+use llamay_gguf::Model as Gguf;
+use llamay_tokenizer::Tokenizer;
 
 /// The verdict `info` prints.
 pub struct Assessment {
@@ -12,55 +13,32 @@ pub struct Assessment {
     pub unread: Vec<String>,
 }
 
-/// Architectures this build can run. Empty until the engine lands.
-pub const RUNNABLE_ARCHITECTURES: &[&str] = &[];
-
-pub fn assess(model: &Model<'_>) -> Assessment {
-    let refuse = |why: String| Assessment {
-        runnable: false,
-        refusal: Some(why),
-        unread: Vec::new(),
-    };
-    if model.big_endian() {
-        return refuse(
-            "the file is big-endian; llamay runs little-endian files (convert with gguf-py's gguf_convert_endian)"
-                .into(),
-        );
-    }
-    let refused: Vec<_> = model.tensors().filter(|t| !t.ty.is_readable()).collect();
-    if let Some(first) = refused.first() {
-        let why = first.ty.refusal().unwrap_or_default();
-        return refuse(format!(
-            "{} of {} tensors cannot be read, first '{}': {why}",
-            refused.len(),
-            model.tensor_count(),
-            first.name
-        ));
-    }
-    let arch = match model.metadata().architecture() {
-        Ok(Some(a)) => a,
-        Ok(None) if model.tensor_count() == 0 => {
-            return refuse(
-                "the file holds no tensors and no general.architecture (a vocabulary-only file)"
-                    .into(),
-            );
-        }
-        Ok(None) => return refuse("the file declares no general.architecture".into()),
-        Err(e) => return refuse(e.to_string()),
-    };
-    if !RUNNABLE_ARCHITECTURES.contains(&arch) {
-        let works = if RUNNABLE_ARCHITECTURES.is_empty() {
-            "this build has no inference engine yet; info, dump and the container tools work"
-                .to_string()
+pub fn assess(gguf: &Gguf<'_>) -> Assessment {
+    if gguf.tensor_count() == 0 {
+        let why = if gguf.metadata().architecture().ok().flatten().is_none() {
+            "the file holds no tensors and no general.architecture (a vocabulary-only file)"
         } else {
-            format!(
-                "runnable architectures: {}",
-                RUNNABLE_ARCHITECTURES.join(" ")
-            )
+            "the file holds no tensors (a vocabulary-only file)"
         };
-        return refuse(format!(
-            "architecture '{arch}' is not implemented in this build ({works})"
-        ));
+        return Assessment {
+            runnable: false,
+            refusal: Some(why.into()),
+            unread: Vec::new(),
+        };
+    }
+    if let Err(e) = Model::load(gguf, Threads(1)) {
+        return Assessment {
+            runnable: false,
+            refusal: Some(e.to_string()),
+            unread: e.unread().to_vec(),
+        };
+    }
+    if let Err(e) = Tokenizer::from_metadata(gguf.metadata()) {
+        return Assessment {
+            runnable: false,
+            refusal: Some(format!("the tokenizer cannot be loaded: {e}")),
+            unread: Vec::new(),
+        };
     }
     Assessment {
         runnable: true,

@@ -85,7 +85,7 @@ fn info_text() {
     let s = stdout(&o);
     assert!(s.contains("architecture    testarch"), "{s}");
     assert!(
-        s.contains("runnable        no: architecture 'testarch'"),
+        s.contains("runnable        no: unknown architecture 'testarch'"),
         "{s}"
     );
     assert!(s.contains("t.q4_k") && s.contains("Q4_K"), "{s}");

@@ -1,0 +1,96 @@
+//! `llamay version`: what this build carries. The first command to run when a number
+//! looks wrong.
+
+use crate::out;
+use llamay_engine::ARCHITECTURES;
+use llamay_formats::ALL_TYPES;
+use serde_json::json;
+use std::io::Write;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn cpu_features() -> Vec<&'static str> {
+    let mut f = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! check {
+            ($($name:tt),*) => { $( if std::arch::is_x86_feature_detected!($name) { f.push($name); } )* };
+        }
+        check!(
+            "sse4.2",
+            "avx",
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512bw",
+            "avx512vl",
+            "avx512vnni",
+            "avx512bf16",
+            "avxvnni"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        macro_rules! check {
+            ($($name:tt),*) => { $( if std::arch::is_aarch64_feature_detected!($name) { f.push($name); } )* };
+        }
+        check!("neon", "dotprod", "i8mm", "fp16", "sve");
+    }
+    f
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let read: Vec<&str> = ALL_TYPES
+        .iter()
+        .filter(|t| t.is_readable())
+        .map(|t| t.name())
+        .collect();
+    let written: Vec<&str> = ALL_TYPES
+        .iter()
+        .filter(|t| t.is_writable() && !matches!(t.name(), "Q8_1" | "Q8_K"))
+        .map(|t| t.name())
+        .collect();
+    let archs: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name).collect();
+    let target = format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS);
+    let features = cpu_features();
+    // The SIMD kernels come with the CPU-performance work; until then every build
+    // computes with the portable reference path.
+    let kernels = "portable";
+    let mut w = out::stdout();
+    if args.json {
+        let doc = json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "target": target,
+            "cpu_features": features,
+            "kernels": kernels,
+            "gpu_backends": { "compiled": [], "found": [] },
+            "formats_read": read,
+            "formats_written": written,
+            "architectures": archs,
+        });
+        serde_json::to_writer(&mut w, &doc)?;
+        writeln!(w)?;
+    } else {
+        writeln!(w, "llamay {}", env!("CARGO_PKG_VERSION"))?;
+        writeln!(w, "target:          {target}")?;
+        writeln!(w, "cpu features:    {}", features.join(" "))?;
+        writeln!(w, "kernels:         {kernels}")?;
+        writeln!(w, "gpu backends:    none compiled in")?;
+        writeln!(w, "formats read:    {} ({})", read.join(" "), read.len())?;
+        writeln!(
+            w,
+            "formats written: {} ({})",
+            written.join(" "),
+            written.len()
+        )?;
+        writeln!(w, "architectures:   {}", archs.join(" "))?;
+    }
+    w.flush()?;
+    Ok(())
+}

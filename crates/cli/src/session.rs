@@ -1,0 +1,45 @@
+//! Loading a model for the commands that run one: the mapping, the engine model and
+//! the tokenizer, with the common flags (-t, -c) validated in one place.
+
+use anyhow::{Context, bail};
+use llamay_engine::{Model, Threads};
+use llamay_gguf::Model as Gguf;
+use llamay_tokenizer::Tokenizer;
+
+/// `-t N`: default one thread per available core.
+pub fn threads(flag: Option<usize>) -> anyhow::Result<Threads> {
+    match flag {
+        Some(0) => bail!("-t 0: at least one thread is needed"),
+        Some(n) if n > 1024 => bail!("-t {n}: at most 1024 threads"),
+        Some(n) => Ok(Threads(n)),
+        None => Ok(Threads(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        )),
+    }
+}
+
+/// `-c N`: 0 or absent means the model's training context, as in llama.cpp.
+pub fn context(flag: Option<usize>, model: &Model<'_>) -> anyhow::Result<usize> {
+    const MAX_CTX: usize = 1 << 24;
+    match flag {
+        None | Some(0) => Ok(model.config.n_ctx_train.min(MAX_CTX)),
+        Some(n) if n > MAX_CTX => bail!("-c {n}: at most {MAX_CTX} tokens"),
+        Some(n) => Ok(n),
+    }
+}
+
+pub fn load<'a>(gguf: &Gguf<'a>, threads: Threads) -> anyhow::Result<(Model<'a>, Tokenizer)> {
+    let model = Model::load(gguf, threads).context("cannot run this model")?;
+    let tok = Tokenizer::from_metadata(gguf.metadata()).context("cannot load the tokenizer")?;
+    for w in tok.warnings() {
+        eprintln!("warning: {w}");
+    }
+    if tok.n_vocab() != model.config.n_vocab {
+        bail!(
+            "the tokenizer has {} tokens but the embedding has {} rows",
+            tok.n_vocab(),
+            model.config.n_vocab
+        );
+    }
+    Ok((model, tok))
+}
