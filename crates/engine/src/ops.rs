@@ -3,27 +3,30 @@
 use crate::arch::RopeStyle;
 use half::f16;
 
-/// RMSNorm of one row, scaled by `w`.
+/// RMSNorm of one row, scaled by `w`, in ggml's order of operations (squares in f32,
+/// summed in f64, mean and scale in f32, then the weight as a separate multiply).
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
-    let mean_sq = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / x.len() as f64;
-    let scale = (1.0 / (mean_sq + f64::from(eps)).sqrt()) as f32;
+    let sum: f64 = x.iter().map(|v| f64::from(v * v)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
     for (v, w) in x.iter_mut().zip(w) {
-        *v = *v * scale * w;
+        *v = (*v * scale) * w;
     }
 }
 
-/// LayerNorm of one row with weight and optional bias.
+/// LayerNorm of one row with weight and optional bias, in ggml's order of operations.
 pub fn layer_norm(x: &mut [f32], w: &[f32], b: Option<&[f32]>, eps: f32) {
     let n = x.len() as f64;
-    let mean = x.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
-    let var = x
-        .iter()
-        .map(|v| (f64::from(*v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let scale = 1.0 / (var + f64::from(eps)).sqrt();
+    let mean = (x.iter().map(|v| f64::from(*v)).sum::<f64>() / n) as f32;
+    let mut sum2 = 0f64;
+    for v in x.iter_mut() {
+        *v -= mean;
+        sum2 += f64::from(*v * *v);
+    }
+    let variance = (sum2 / n) as f32;
+    let scale = 1.0 / (variance + eps).sqrt();
     for (i, v) in x.iter_mut().enumerate() {
-        let y = ((f64::from(*v) - mean) * scale) as f32 * w[i];
+        let y = (*v * scale) * w[i];
         *v = match b {
             Some(b) => y + b[i],
             None => y,

@@ -33,7 +33,7 @@ fn fixtures() -> anyhow::Result<BTreeMap<String, Vec<String>>> {
         .cloned()
         .unwrap_or_default();
     for f in list {
-        if let (Some(a), Some(t)) = (f["architecture"].as_str(), f["weight_type"].as_str()) {
+        if let (Some(a), Some(t)) = (f["arch"].as_str(), f["type"].as_str()) {
             map.entry(a.to_string()).or_default().push(t.to_string());
         }
     }

@@ -56,7 +56,8 @@ fn load(model: &ModelArg) -> anyhow::Result<Tokenizer> {
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let tok = load(&args.model)?;
-    let add_special = !args.no_bos;
+    // as llama-tokenize: special tokens are added only when the vocabulary asks for BOS
+    let add_special = tok.add_bos() && !args.no_bos;
     let parse_special = !args.no_parse_special;
     let mut w = out::stdout();
     if args.jsonl {
