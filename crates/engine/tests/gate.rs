@@ -1,0 +1,375 @@
+//! The per-family gate (shared/seeds/adding-architectures.txt): config synthesis,
+//! strict load, a long EOS-suppressed greedy decode that stays in range and finite, and
+//! clear errors for bad input. Runs on the generated fixtures (scripts/gen-arch-fixtures).
+
+use llamay_engine::sample::argmax;
+use llamay_engine::{BatchToken, DecodeError, LoadError, Model, Threads};
+use llamay_formats::GgmlType;
+use llamay_gguf::{GgufFile, GgufWriter, MappedModel, Value};
+use serde_json::Value as Json;
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+fn fixtures_dir() -> PathBuf {
+    std::env::var_os("LLAMAY_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/llamay/fixtures")
+        })
+}
+
+fn doc() -> Json {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch-fixtures.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn fixture(name: &str) -> PathBuf {
+    let p = fixtures_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} missing: generate the fixtures with scripts/gen-arch-fixtures",
+        p.display()
+    );
+    p
+}
+
+fn with_model<T>(path: &Path, f: impl FnOnce(Result<Model<'_>, LoadError>) -> T) -> T {
+    let mapped = MappedModel::open(path).unwrap();
+    let gguf = mapped.parse().unwrap();
+    f(Model::load(&gguf, Threads(2)))
+}
+
+#[test]
+fn config_synthesis_per_family() {
+    let d = doc();
+    for (arch, info) in d["architectures"].as_object().unwrap() {
+        let md = &info["metadata"];
+        let key = |k: &str| {
+            md.get(format!("{arch}.{k}"))
+                .and_then(Json::as_u64)
+                .map(|v| v as usize)
+        };
+        with_model(&fixture(&format!("{arch}-F32.gguf")), |m| {
+            let c = m.unwrap_or_else(|e| panic!("{arch}: {e}")).config;
+            assert_eq!(c.arch.name, arch);
+            assert_eq!(c.n_embd, key("embedding_length").unwrap(), "{arch}");
+            assert_eq!(c.n_layer, key("block_count").unwrap(), "{arch}");
+            assert_eq!(c.n_head, key("attention.head_count").unwrap(), "{arch}");
+            assert_eq!(
+                c.n_head_kv,
+                key("attention.head_count_kv").unwrap_or(c.n_head),
+                "{arch}"
+            );
+            assert_eq!(c.n_ff, key("feed_forward_length").unwrap(), "{arch}");
+            let head_dim = key("attention.key_length").unwrap_or(c.n_embd / c.n_head);
+            assert_eq!(c.head_dim_k, head_dim, "{arch}");
+            assert_eq!(
+                c.n_rot,
+                key("rope.dimension_count").unwrap_or(head_dim),
+                "{arch}"
+            );
+            assert_eq!(c.n_vocab, 320, "{arch}: vocabulary from the embedding rows");
+            assert_eq!(c.n_ctx_train, 256, "{arch}");
+            // The lossy parts, filled by llama.cpp's rules.
+            match arch.as_str() {
+                "gemma3" => {
+                    assert_eq!(
+                        c.swa_layers,
+                        [true, true, true, true, true, false],
+                        "5 sliding + 1 global"
+                    );
+                    assert_eq!(c.n_swa, 4);
+                    assert_eq!(
+                        c.rope_base_swa, 10_000.0,
+                        "local layers default to base 10000"
+                    );
+                    assert_eq!(c.attn_scale, 1.0 / 8.0, "1/sqrt(key_length)");
+                }
+                "gemma2" => {
+                    assert_eq!(c.swa_layers, [true, false], "every other layer slides");
+                    assert!(
+                        c.attn_softcap.is_some() && c.final_softcap.is_some(),
+                        "gemma2 softcaps"
+                    );
+                }
+                "stablelm" | "phi2" => assert!(c.n_rot < c.head_dim_k, "{arch}: partial rotary"),
+                _ => assert!(c.swa_layers.iter().all(|s| !s), "{arch}: no sliding window"),
+            }
+        });
+    }
+}
+
+#[test]
+fn long_greedy_decode_stays_in_range_and_finite() {
+    let d = doc();
+    for arch in d["architectures"].as_object().unwrap().keys() {
+        for ty in ["F16", "Q4_K"] {
+            with_model(&fixture(&format!("{arch}-{ty}.gguf")), |m| {
+                let m = m.unwrap();
+                let n_ctx = m.config.n_ctx_train;
+                let mut caches = vec![m.new_cache(n_ctx)];
+                let mut token = 1u32;
+                // EOS is never chosen: it is masked out, so decoding runs to the context.
+                for pos in 0..n_ctx {
+                    let l = m
+                        .decode(
+                            &mut caches,
+                            &[BatchToken {
+                                seq: 0,
+                                token,
+                                pos,
+                                logits: true,
+                            }],
+                        )
+                        .unwrap();
+                    let row = l.row(0);
+                    assert!(
+                        row.iter().all(|v| v.is_finite()),
+                        "{arch}-{ty}: non-finite logit at {pos}"
+                    );
+                    let mut masked = row.to_vec();
+                    masked[2] = f32::NEG_INFINITY;
+                    token = argmax(&masked);
+                    assert!((token as usize) < m.config.n_vocab && token != 2);
+                }
+                assert_eq!(caches[0].len(), n_ctx);
+                let err = m.decode(
+                    &mut caches,
+                    &[BatchToken {
+                        seq: 0,
+                        token,
+                        pos: n_ctx,
+                        logits: true,
+                    }],
+                );
+                assert!(
+                    matches!(err, Err(DecodeError::ContextFull { .. })),
+                    "{arch}: {:?}",
+                    err.err()
+                );
+            });
+        }
+    }
+}
+
+/// Rewrites the llama F32 fixture with `edit` applied to its metadata and tensors.
+fn rewritten(
+    name: &str,
+    edit: impl Fn(&mut Vec<(String, Value<'static>)>, &mut Vec<(String, GgmlType, Vec<u64>, Vec<u8>)>),
+) -> PathBuf {
+    let bytes = std::fs::read(fixture("llama-F32.gguf")).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    let mut kvs: Vec<(String, Value<'static>)> = f
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), leak_value(v)))
+        .collect();
+    let mut tensors: Vec<_> = f
+        .tensors
+        .iter()
+        .map(|t| (t.name.to_string(), t.ty, t.shape.clone(), t.data.to_vec()))
+        .collect();
+    edit(&mut kvs, &mut tensors);
+    let mut w = GgufWriter::new();
+    for (k, v) in &kvs {
+        w.add_kv(k, v.clone()).unwrap();
+    }
+    for (n, ty, shape, _) in &tensors {
+        w.add_tensor(n, *ty, shape).unwrap();
+    }
+    let out = std::env::temp_dir().join(format!("llamay-gate-{}-{name}", std::process::id()));
+    let mut file = std::fs::File::create(&out).unwrap();
+    w.write(&mut file, |i| Ok(Cow::Owned(tensors[i].3.clone())))
+        .unwrap();
+    out
+}
+
+/// Values that borrow the file's bytes, leaked so the rewritten file can outlive them.
+fn leak_value(v: &Value<'_>) -> Value<'static> {
+    match v {
+        Value::String(s) => Value::String(llamay_gguf::GgufStr(Box::leak(
+            s.as_bytes().to_vec().into_boxed_slice(),
+        ))),
+        Value::Array(a) => match a.as_strings() {
+            Some(items) => Value::Array(llamay_gguf::Array::strings(
+                items
+                    .iter()
+                    .map(|s| {
+                        llamay_gguf::GgufStr(Box::leak(s.as_bytes().to_vec().into_boxed_slice()))
+                    })
+                    .collect(),
+            )),
+            None => Value::Array(
+                llamay_gguf::Array::from_values(a.elem_type(), &a.iter().collect::<Vec<_>>())
+                    .unwrap(),
+            ),
+        },
+        Value::U8(x) => Value::U8(*x),
+        Value::I8(x) => Value::I8(*x),
+        Value::U16(x) => Value::U16(*x),
+        Value::I16(x) => Value::I16(*x),
+        Value::U32(x) => Value::U32(*x),
+        Value::I32(x) => Value::I32(*x),
+        Value::F32(x) => Value::F32(*x),
+        Value::Bool(x) => Value::Bool(*x),
+        Value::U64(x) => Value::U64(*x),
+        Value::I64(x) => Value::I64(*x),
+        Value::F64(x) => Value::F64(*x),
+    }
+}
+
+fn load_error(path: &Path) -> LoadError {
+    with_model(path, |m| m.err().expect("load should fail"))
+}
+
+fn set_arch(kvs: &mut [(String, Value<'static>)], name: &'static str) {
+    for (k, v) in kvs.iter_mut() {
+        if k == "general.architecture" {
+            *v = Value::String(name.into());
+        }
+    }
+}
+
+#[test]
+fn strict_load_refuses_by_name() {
+    let p = rewritten("missing.gguf", |_, t| {
+        t.retain(|(n, ..)| n != "blk.1.ffn_down.weight")
+    });
+    assert_eq!(
+        load_error(&p),
+        LoadError::MissingTensor("blk.1.ffn_down.weight".into())
+    );
+
+    let p = rewritten("extra.gguf", |_, t| {
+        t.push((
+            "blk.0.mystery.weight".into(),
+            GgmlType::F32,
+            vec![4],
+            vec![0; 16],
+        ))
+    });
+    let e = load_error(&p);
+    assert_eq!(e.unread(), ["blk.0.mystery.weight"]);
+    assert!(e.to_string().contains("blk.0.mystery.weight"), "{e}");
+
+    let p = rewritten("shape.gguf", |_, t| {
+        let q = t
+            .iter_mut()
+            .find(|(n, ..)| n == "blk.0.attn_q.weight")
+            .unwrap();
+        q.2 = vec![128, 512];
+    });
+    assert!(matches!(load_error(&p), LoadError::Shape(s) if s.contains("blk.0.attn_q.weight")));
+
+    let p = rewritten("mamba.gguf", |kv, _| set_arch(kv, "mamba"));
+    let e = load_error(&p);
+    assert!(matches!(e, LoadError::Refused { .. }), "{e}");
+    assert!(
+        e.to_string().contains("mamba") && e.to_string().contains("llama"),
+        "{e}"
+    );
+
+    let p = rewritten("deepseek.gguf", |kv, _| set_arch(kv, "deepseek2"));
+    assert!(load_error(&p).to_string().contains("latent attention"));
+
+    let p = rewritten("unknown.gguf", |kv, _| set_arch(kv, "frobnicator"));
+    let e = load_error(&p);
+    assert!(
+        matches!(e, LoadError::UnknownArchitecture { .. }) && e.to_string().contains("frobnicator"),
+        "{e}"
+    );
+
+    let p = rewritten("nohead.gguf", |kv, _| {
+        kv.retain(|(k, _)| k != "llama.attention.head_count")
+    });
+    assert!(
+        load_error(&p)
+            .to_string()
+            .contains("llama.attention.head_count")
+    );
+}
+
+#[test]
+fn bad_decode_input_is_an_error_and_changes_nothing() {
+    with_model(&fixture("llama-Q8_0.gguf"), |m| {
+        let m = m.unwrap();
+        let mut caches = vec![m.new_cache(8)];
+        let t = |token, pos| BatchToken {
+            seq: 0,
+            token,
+            pos,
+            logits: true,
+        };
+        assert_eq!(
+            m.decode(&mut caches, &[]).err(),
+            Some(DecodeError::EmptyBatch)
+        );
+        assert!(matches!(
+            m.decode(&mut caches, &[t(320, 0)]),
+            Err(DecodeError::TokenOutOfRange { token: 320, .. })
+        ));
+        assert!(matches!(
+            m.decode(&mut caches, &[t(1, 1)]),
+            Err(DecodeError::BadPosition { .. })
+        ));
+        let bad_seq = BatchToken { seq: 3, ..t(1, 0) };
+        assert!(matches!(
+            m.decode(&mut caches, &[bad_seq]),
+            Err(DecodeError::BadSequence { .. })
+        ));
+        // A batch whose second token is bad appends nothing.
+        assert!(m.decode(&mut caches, &[t(1, 0), t(u32::MAX, 1)]).is_err());
+        assert_eq!(caches[0].len(), 0);
+        m.decode(&mut caches, &[t(1, 0), t(5, 1)]).unwrap();
+        assert_eq!(caches[0].len(), 2);
+    });
+}
+
+#[test]
+fn two_sequences_in_one_batch_equal_two_separate_runs() {
+    with_model(&fixture("qwen3-Q4_K.gguf"), |m| {
+        let m = m.unwrap();
+        let a = [1u32, 40, 41, 42, 43];
+        let b = [1u32, 300, 200, 100];
+        let solo = |ids: &[u32]| {
+            let mut c = vec![m.new_cache(16)];
+            let batch: Vec<_> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| BatchToken {
+                    seq: 0,
+                    token: t,
+                    pos: i,
+                    logits: true,
+                })
+                .collect();
+            m.decode(&mut c, &batch).unwrap().values
+        };
+        let mut caches = vec![m.new_cache(16), m.new_cache(16)];
+        let mut batch = Vec::new();
+        for (i, &t) in a.iter().enumerate() {
+            batch.push(BatchToken {
+                seq: 0,
+                token: t,
+                pos: i,
+                logits: true,
+            });
+        }
+        for (i, &t) in b.iter().enumerate() {
+            batch.push(BatchToken {
+                seq: 1,
+                token: t,
+                pos: i,
+                logits: true,
+            });
+        }
+        let joint = m.decode(&mut caches, &batch).unwrap();
+        let n = m.config.n_vocab;
+        let (sa, sb) = (solo(&a), solo(&b));
+        let joint_a = &joint.values[..a.len() * n];
+        let joint_b = &joint.values[a.len() * n..];
+        // The activation rounding is per token, so sequences do not interact at all.
+        assert_eq!(joint_a, &sa[..]);
+        assert_eq!(joint_b, &sb[..]);
+    });
+}
