@@ -1,0 +1,1 @@
+//! CPU compute kernels (in progress).
