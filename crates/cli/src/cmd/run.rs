@@ -6,6 +6,7 @@ use anyhow::{Context, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
 use llamay_engine::{BatchToken, KvCache, Model};
 use llamay_gguf::MappedModel;
+use llamay_template::{ChatTemplate, Message};
 use llamay_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::PathBuf;
@@ -98,13 +99,30 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&gguf, threads)?;
-    if !args.raw && gguf.metadata().get("tokenizer.chat_template").is_some() {
-        bail!(
-            "this model has a chat template, which this build cannot render yet; pass --raw to complete the prompt as plain text"
-        );
-    }
     let n_ctx = session::context(args.ctx_size, &model)?;
-    let ids = tok.encode(prompt.as_bytes(), true, true);
+    let ids = match gguf
+        .metadata()
+        .get_str("tokenizer.chat_template")
+        .ok()
+        .flatten()
+    {
+        Some(source) if !args.raw => {
+            let text = |id: Option<u32>| {
+                id.and_then(|i| tok.token_to_piece(i, true).ok())
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+            };
+            let (bos, eos) = (
+                text(tok.bos()).unwrap_or_default(),
+                text(tok.eos()).unwrap_or_default(),
+            );
+            let template = ChatTemplate::new(source)?;
+            let rendered = template.render(&[Message::new("user", &prompt)], true, &bos, &eos)?;
+            // A template that writes the BOS text itself must not get a second BOS.
+            let add_special = bos.is_empty() || !rendered.starts_with(&bos);
+            tok.encode(rendered.as_bytes(), add_special, true)
+        }
+        _ => tok.encode(prompt.as_bytes(), true, true),
+    };
     if ids.is_empty() {
         bail!("the prompt is empty");
     }

@@ -1,0 +1,270 @@
+//! Chat templates (`tokenizer.chat_template`), rendered as Hugging Face transformers
+//! renders them: Jinja with `trim_blocks` and `lstrip_blocks`, Python string methods
+//! (minijinja-contrib's pycompat), an HF-compatible `tojson` (Python's `json.dumps`
+//! separators, no HTML escaping), `raise_exception` and `strftime_now`. A fuel limit
+//! bounds what a hostile template can make us compute.
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind, syntax::SyntaxConfig};
+use serde::Serialize;
+
+/// Instructions a template may execute per render: real templates use thousands.
+const FUEL: u64 = 5_000_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("chat template does not parse: {0}")]
+    Syntax(String),
+    #[error("chat template failed: {0}")]
+    Render(String),
+}
+
+/// One chat message.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False)` text of a JSON value, with
+/// optional indentation (HF's `tojson(indent=...)`).
+fn py_json(v: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, level: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * level));
+        }
+    };
+    let (item_sep, key_sep) = if indent.is_some() {
+        (",", ": ")
+    } else {
+        (", ", ": ")
+    };
+    match v {
+        J::Null => out.push_str("null"),
+        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        J::Number(n) => out.push_str(&n.to_string()),
+        J::String(s) => py_string(s, out),
+        J::Array(a) => {
+            if a.is_empty() {
+                out.push_str("[]");
+                return;
+            }
+            out.push('[');
+            for (i, e) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                py_json(e, indent, level + 1, out);
+            }
+            newline(out, level);
+            out.push(']');
+        }
+        J::Object(o) => {
+            if o.is_empty() {
+                out.push_str("{}");
+                return;
+            }
+            out.push('{');
+            for (i, (k, e)) in o.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                py_string(k, out);
+                out.push_str(key_sep);
+                py_json(e, indent, level + 1, out);
+            }
+            newline(out, level);
+            out.push('}');
+        }
+    }
+}
+
+fn py_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    let _: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    py_json(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn raise_exception(msg: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// `strftime_now(fmt)`: the current UTC date, for the formats templates use.
+fn strftime_now(fmt: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let month = MONTHS[(m - 1) as usize];
+    fmt.replace("%Y", &y.to_string())
+        .replace("%m", &format!("{m:02}"))
+        .replace("%d", &format!("{d:02}"))
+        .replace("%B", month)
+        .replace("%b", &month[..3])
+        .replace("%H", &format!("{:02}", secs / 3600 % 24))
+        .replace("%M", &format!("{:02}", secs / 60 % 60))
+}
+
+impl ChatTemplate {
+    /// Compiles a template. `{% generation %}` blocks (an HF training marker) are
+    /// stripped, as transformers does at render time.
+    pub fn new(source: &str) -> Result<Self, TemplateError> {
+        Self::build(source, None)
+    }
+
+    /// As [`ChatTemplate::new`], with `strftime_now` returning `date` whatever the format:
+    /// reproducible renders for tests and comparisons.
+    pub fn with_fixed_date(source: &str, date: &str) -> Result<Self, TemplateError> {
+        Self::build(source, Some(date.to_string()))
+    }
+
+    fn build(source: &str, fixed_date: Option<String>) -> Result<Self, TemplateError> {
+        let source = source
+            .replace("{% generation %}", "")
+            .replace("{% endgeneration %}", "");
+        let mut env = Environment::new();
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| TemplateError::Syntax(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_fuel(Some(FUEL));
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        match fixed_date {
+            Some(date) => env.add_function("strftime_now", move |_fmt: String| date.clone()),
+            None => env.add_function("strftime_now", strftime_now),
+        }
+        env.add_template_owned("chat", source)
+            .map_err(|e| TemplateError::Syntax(e.to_string()))?;
+        Ok(ChatTemplate { env })
+    }
+
+    /// Renders `messages` as transformers' `apply_chat_template` does.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String, TemplateError> {
+        let t = self
+            .env
+            .get_template("chat")
+            .map_err(|e| TemplateError::Syntax(e.to_string()))?;
+        t.render(minijinja::context! {
+            messages => Value::from(minijinja::value::Serde(messages)),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        })
+        .map_err(|e| TemplateError::Render(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tojson_is_pythons() {
+        let mut s = String::new();
+        py_json(
+            &serde_json::json!({"a": [1, "x\n\"<y>\"", true, null], "é": {}}),
+            None,
+            0,
+            &mut s,
+        );
+        assert_eq!(s, r#"{"a": [1, "x\n\"<y>\"", true, null], "é": {}}"#);
+        let mut s = String::new();
+        py_json(&serde_json::json!({"a": [1, 2]}), Some(2), 0, &mut s);
+        assert_eq!(s, "{\n  \"a\": [\n    1,\n    2\n  ]\n}");
+    }
+
+    #[test]
+    fn hostile_templates_are_errors() {
+        assert!(matches!(
+            ChatTemplate::new("{% for %}"),
+            Err(TemplateError::Syntax(_))
+        ));
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        )
+        .unwrap();
+        assert!(
+            matches!(t.render(&[], true, "", ""), Err(TemplateError::Render(_))),
+            "fuel runs out"
+        );
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}").unwrap();
+        let e = t.render(&[], true, "", "").unwrap_err();
+        assert!(e.to_string().contains("no system role"), "{e}");
+    }
+}
