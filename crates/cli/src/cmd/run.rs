@@ -26,21 +26,21 @@ pub struct Args {
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true)]
     n_predict: i64,
     /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temp: f32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     #[arg(long, default_value_t = 40)]
     top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     frequency_penalty: f32,
     /// Context size (0: the model's training context).
     #[arg(short = 'c', long = "ctx-size")]

@@ -1,0 +1,231 @@
+//! `llamay run` and `llamay perplexity` on the generated architecture fixtures
+//! (scripts/gen-arch-fixtures): output contract, chat templates, and bad input.
+
+use llamay_gguf::{GgufFile, GgufWriter, Value};
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    let dir = std::env::var_os("LLAMAY_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/llamay/fixtures")
+        });
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} missing: run scripts/gen-arch-fixtures",
+        p.display()
+    );
+    p
+}
+
+fn llamay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_llamay"))
+        .args(args)
+        .output()
+        .expect("run llamay")
+}
+
+fn assert_error(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("error: ") && last.contains(needle),
+        "expected '{needle}' in: {err}"
+    );
+}
+
+fn ok_stdout(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn greedy_run_is_deterministic_and_streams_only_the_generation() {
+    let m = fixture("llama-Q8_0.gguf");
+    let m = m.to_str().unwrap();
+    let a = ok_stdout(&llamay(&[
+        "run",
+        m,
+        "-p",
+        "hello world",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+    ]));
+    let b = ok_stdout(&llamay(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "hello world",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+    ]));
+    assert_eq!(a, b, "greedy output does not depend on the thread count");
+    assert!(!a.contains("hello world"), "no prompt echo");
+    let o = llamay(&["run", m, "-p", "hello world", "-n", "12", "--temp", "0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("prompt") && err.contains("tok/s") && err.contains("generation 12 tokens"),
+        "{err}"
+    );
+    // Seeded sampling is reproducible.
+    let s1 = ok_stdout(&llamay(&[
+        "run", m, "-p", "x", "-n", "8", "--temp", "1", "--seed", "42",
+    ]));
+    let s2 = ok_stdout(&llamay(&[
+        "run", m, "-p", "x", "-n", "8", "--temp", "1", "--seed", "42",
+    ]));
+    assert_eq!(s1, s2);
+}
+
+/// A copy of `src` with a chat template added to its metadata.
+fn with_template(src: &Path, template: &str) -> PathBuf {
+    let bytes = std::fs::read(src).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata.iter() {
+        w.add_kv(k, v.clone()).unwrap();
+    }
+    w.add_kv("tokenizer.chat_template", Value::String(template.into()))
+        .unwrap();
+    for t in &f.tensors {
+        w.add_tensor(t.name, t.ty, &t.shape).unwrap();
+    }
+    let out = std::env::temp_dir().join(format!("llamay-run-template-{}.gguf", std::process::id()));
+    let mut file = std::fs::File::create(&out).unwrap();
+    w.write(&mut file, |i| Ok(Cow::Borrowed(f.tensors[i].data)))
+        .unwrap();
+    out
+}
+
+#[test]
+fn chat_template_wraps_the_prompt_unless_raw() {
+    let t = with_template(
+        &fixture("qwen2-Q4_0.gguf"),
+        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    );
+    let t = t.to_str().unwrap();
+    let templated = ok_stdout(&llamay(&[
+        "run", t, "-p", "hi there", "-n", "10", "--temp", "0",
+    ]));
+    // The same text given raw, BOS written by the template (the tokenizer adds it once).
+    let raw = ok_stdout(&llamay(&[
+        "run",
+        t,
+        "-p",
+        "<user>hi there</user><assistant>",
+        "-n",
+        "10",
+        "--temp",
+        "0",
+        "--raw",
+    ]));
+    assert_eq!(templated, raw);
+    let plain = ok_stdout(&llamay(&[
+        "run", t, "-p", "hi there", "-n", "10", "--temp", "0", "--raw",
+    ]));
+    assert_ne!(templated, plain, "--raw skips the template");
+}
+
+#[test]
+fn bad_run_input_is_one_clear_error() {
+    let m = fixture("llama-F16.gguf");
+    let m = m.to_str().unwrap();
+    assert_error(&llamay(&["run", m, "-p", "x", "-n", "0"]), "-n 0");
+    assert_error(
+        &llamay(&["run", m, "-p", "x", "--temp", "-1"]),
+        "temperature",
+    );
+    assert_error(&llamay(&["run", m, "-p", "x", "--top-p", "7"]), "top-p");
+    assert_error(&llamay(&["run", m, "-p", "x", "--min-p", "NaN"]), "min-p");
+    assert_error(
+        &llamay(&["run", m, "-p", "x", "--repeat-penalty", "0"]),
+        "repeat-penalty",
+    );
+    assert_error(&llamay(&["run", m, "-p", "x", "-t", "0"]), "-t 0");
+    assert_error(&llamay(&["run", m, "-p", "x", "--kv", "q8"]), "--kv q8");
+    assert_error(&llamay(&["run", m]), "-p TEXT or -f FILE");
+    let long = "word ".repeat(400);
+    assert_error(
+        &llamay(&["run", m, "-p", &long, "-c", "64"]),
+        "does not fit the context of 64",
+    );
+    assert_error(
+        &llamay(&["run", "/nonexistent.gguf", "-p", "x"]),
+        "No such file",
+    );
+}
+
+#[test]
+fn generation_stops_at_the_context() {
+    let m = fixture("gemma3-Q4_K.gguf");
+    let o = llamay(&[
+        "run",
+        m.to_str().unwrap(),
+        "-p",
+        "ab",
+        "-c",
+        "16",
+        "--temp",
+        "0",
+        "--ignore-eos",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("stop: context full"));
+}
+
+#[test]
+fn perplexity_contract() {
+    let m = fixture("llama-Q4_K.gguf");
+    let text = std::env::temp_dir().join(format!("llamay-ppl-{}.txt", std::process::id()));
+    std::fs::write(
+        &text,
+        "the quick brown fox jumps over the lazy dog. ".repeat(40),
+    )
+    .unwrap();
+    let o = llamay(&[
+        "perplexity",
+        m.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "64",
+        "--chunks",
+        "2",
+    ]);
+    let out = ok_stdout(&o);
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("Final estimate: PPL = ") && last.contains(" +/- "),
+        "{out}"
+    );
+    let ppl: f64 = last["Final estimate: PPL = ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ppl.is_finite() && ppl > 1.0, "{ppl}");
+    assert!(out.starts_with("[1]"), "{out}");
+    assert_error(
+        &llamay(&[
+            "perplexity",
+            m.to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+            "-c",
+            "4096",
+        ]),
+        "needs at least",
+    );
+}
