@@ -1,1 +1,292 @@
-//! CPU compute kernels (in progress).
+//! CPU compute kernels: quantised dot products and matmul per weight format (a portable
+//! reference and x86 SIMD versions behind one runtime dispatch point), activation
+//! quantisation, and a persistent thread pool.
+//!
+//! Semantics are ggml's (`ggml_vec_dot_*`): the activation is quantised to the weight
+//! type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), integer sums are formed
+//! inside each block, then multiplied by the two scales and accumulated in f32. See
+//! `portable` for the exact float order. SIMD kernels for the K-quants are bit-identical
+//! to the portable ones; those for the 32-blocks and the float types accumulate in f32
+//! vector lanes and agree within a float bound (see the tests).
+
+use llamay_formats::GgmlType;
+
+mod dispatch;
+mod pool;
+mod portable;
+mod quant;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use pool::ThreadPool;
+
+pub(crate) type DotFn = fn(&[u8], &[u8], usize) -> f32;
+
+/// A set of kernels, in increasing order of what the CPU must offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KernelSet {
+    /// Plain Rust, the reference (`LLAMAY_BACKEND=portable`).
+    Portable,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL + VNNI (falls back to AVX2 for formats without one).
+    Avx512Vnni,
+}
+
+impl KernelSet {
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelSet::Portable => "portable",
+            KernelSet::Avx2 => "avx2",
+            KernelSet::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Whether this CPU can run the set.
+    pub fn is_available(self) -> bool {
+        self <= dispatch::hardware()
+    }
+
+    /// Every set this CPU can run, portable first.
+    pub fn available() -> Vec<KernelSet> {
+        [KernelSet::Portable, KernelSet::Avx2, KernelSet::Avx512Vnni]
+            .into_iter()
+            .filter(|s| s.is_available())
+            .collect()
+    }
+
+    /// Whether the set has its own kernel for weights of `wty` (else portable is used).
+    pub fn has_kernel(self, wty: GgmlType) -> bool {
+        dispatch::has_simd(self, wty)
+    }
+}
+
+/// The kernel set in use (hardware, capped by `LLAMAY_BACKEND` / `LLAMAY_CPU`).
+pub fn active_kernel_set() -> KernelSet {
+    dispatch::active()
+}
+
+/// The name of the kernel set in use: "avx512vnni", "avx2" or "portable".
+pub fn kernel_set() -> &'static str {
+    dispatch::active().name()
+}
+
+/// Whether `vec_dot`/`matmul` compute on weights of `wty`: the 21 readable weight types
+/// (F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K IQ4_NL IQ4_XS IQ2_XXS IQ2_XS IQ2_S
+/// IQ3_XXS IQ3_S MXFP4). Q8_1 and Q8_K are activation formats, not weights.
+pub fn supports(wty: GgmlType) -> bool {
+    portable::dot_fn(wty).is_some()
+}
+
+/// `n` rows of `cols` values in an activation (vec_dot) type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedRows {
+    pub ty: GgmlType,
+    pub cols: usize,
+    pub n: usize,
+    /// `n` rows of `ty.bytes_for(cols)` bytes each.
+    pub data: Vec<u8>,
+}
+
+impl QuantizedRows {
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        row_bytes(self.ty, self.cols).unwrap_or(0)
+    }
+
+    /// Row `t`'s bytes.
+    pub fn row(&self, t: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.data[t * rb..(t + 1) * rb]
+    }
+}
+
+fn row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
+    ty.bytes_for(cols as u64)
+        .and_then(|b| usize::try_from(b).ok())
+}
+
+type QuantFn = fn(&[f32], &mut [u8]);
+
+fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
+    Some(match ty {
+        GgmlType::Q8_0 => quant::q8_0,
+        GgmlType::Q8_1 => quant::q8_1,
+        GgmlType::Q8_K => quant::q8_k,
+        GgmlType::F16 => quant::f16,
+        GgmlType::BF16 => quant::bf16,
+        GgmlType::F32 => quant::f32,
+        _ => return None,
+    })
+}
+
+/// A raw pointer that tasks may share because each writes a disjoint part.
+#[derive(Clone, Copy)]
+struct SyncPtr<T>(*mut T);
+// SAFETY: used only to hand disjoint output ranges to pool tasks (see each use).
+unsafe impl<T> Send for SyncPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    /// Through a method, so closures capture the whole (Sync) wrapper.
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Below this many values, quantising on the pool costs more than it saves.
+const PAR_QUANT_MIN: usize = 1 << 15;
+
+/// Quantises `x` (`x.len() / cols` rows of `cols` f32) to `ty`, one of the vec_dot
+/// types (Q8_0, Q8_1, Q8_K, F16, BF16, F32), rows in parallel on the pool. Bytes are
+/// identical to `llamay_formats::quantize` (llama.cpp's `quantize_row_*_ref`) for finite
+/// input; non-finite input does not panic. A type that is not a vec_dot type, a `cols`
+/// that is not a whole number of blocks, or a partial last row gives an empty result
+/// (`n == 0`) — the caller guarantees the shape (debug builds assert it).
+pub fn quantize_rows(ty: GgmlType, x: &[f32], cols: usize, pool: &ThreadPool) -> QuantizedRows {
+    let empty = QuantizedRows {
+        ty,
+        cols,
+        n: 0,
+        data: Vec::new(),
+    };
+    let (Some(f), Some(rb)) = (quant_fn(ty), row_bytes(ty, cols)) else {
+        debug_assert!(
+            false,
+            "quantize_rows: {ty} is not a vec_dot type or {cols} is not whole blocks"
+        );
+        return empty;
+    };
+    if cols == 0 || !x.len().is_multiple_of(cols) {
+        debug_assert!(
+            x.is_empty() && cols > 0,
+            "quantize_rows: {} values are not rows of {cols}",
+            x.len()
+        );
+        return empty;
+    }
+    let n = x.len() / cols;
+    let mut data = vec![0u8; n * rb];
+    if n == 1 || x.len() < PAR_QUANT_MIN || pool.n_threads() == 1 {
+        for (xr, o) in x.chunks_exact(cols).zip(data.chunks_exact_mut(rb)) {
+            f(xr, o);
+        }
+    } else {
+        let out = SyncPtr(data.as_mut_ptr());
+        pool.run(n, |t| {
+            // SAFETY: task t writes only row t (bytes t*rb..(t+1)*rb of `data`, which has
+            // n*rb bytes and outlives the region); rows are disjoint.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.get().add(t * rb), rb) };
+            f(&x[t * cols..(t + 1) * cols], o);
+        });
+    }
+    QuantizedRows { ty, cols, n, data }
+}
+
+/// The dot product of one weight row (`cols` values in `wty`) with one activation row
+/// (`cols` values in `wty.vec_dot_type()`), with ggml's semantics, on the active kernel
+/// set. NaN (never a panic) for a type llamay does not compute on, a `cols` that is not
+/// whole blocks, or a row shorter than `cols` needs; longer rows are read only up to it.
+pub fn vec_dot(wty: GgmlType, w_row: &[u8], a_row: &[u8], cols: usize) -> f32 {
+    vec_dot_with(dispatch::active(), wty, w_row, a_row, cols)
+}
+
+/// `vec_dot` on a chosen kernel set (capped to what the CPU has) — for tests and benches.
+pub fn vec_dot_with(set: KernelSet, wty: GgmlType, w_row: &[u8], a_row: &[u8], cols: usize) -> f32 {
+    match dispatch::kernel(set, wty) {
+        Some(k) => k.call(w_row, a_row, cols),
+        None => f32::NAN,
+    }
+}
+
+/// `out[t * rows + r] = vec_dot(W[r], A[t])` for every weight row `r < rows` and
+/// activation row `t < a.n`, split over the pool. `w` holds `rows` rows of `cols` values
+/// in `wty`; `a` must be `wty.vec_dot_type()` rows of `cols` (see `quantize_rows`).
+///
+/// Shapes are the caller's to guarantee (debug builds assert them); on a mismatch the
+/// output that exists is filled with NaN and nothing else happens — no panic, no UB.
+pub fn matmul(
+    wty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    a: &QuantizedRows,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) {
+    matmul_with(dispatch::active(), wty, w, rows, cols, a, out, pool)
+}
+
+/// Rows per task for a single activation row (GEMV).
+const GEMV_CHUNK: usize = 16;
+/// Activation rows per tile in prefill, so the tile's rows stay in L2.
+const TOKEN_TILE: usize = 32;
+
+/// `matmul` on a chosen kernel set (capped to what the CPU has) — for tests and benches.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(
+    set: KernelSet,
+    wty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    a: &QuantizedRows,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) {
+    let kernel = dispatch::kernel(set, wty);
+    let wrb = row_bytes(wty, cols);
+    let arb = row_bytes(wty.vec_dot_type(), cols);
+    let ok = kernel.is_some()
+        && a.ty == wty.vec_dot_type()
+        && a.cols == cols
+        && wrb.is_some_and(|b| rows.checked_mul(b).is_some_and(|t| w.len() >= t))
+        && arb.is_some_and(|b| a.n.checked_mul(b).is_some_and(|t| a.data.len() >= t))
+        && rows.checked_mul(a.n).is_some_and(|t| out.len() >= t);
+    let (Some(kernel), Some(wrb), Some(arb), true) = (kernel, wrb, arb, ok) else {
+        debug_assert!(
+            false,
+            "matmul: shapes do not match ({wty}, {rows}x{cols}, activation {} x{} n={})",
+            a.ty, a.cols, a.n
+        );
+        out.fill(f32::NAN);
+        return;
+    };
+    let n = a.n;
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let out = &mut out[..rows * n];
+    let threads = pool.n_threads();
+    // Row chunks: enough for the atomic counter to balance (≥ 4 per thread), but not
+    // so small that the per-task cost shows.
+    let chunk = if n == 1 {
+        (rows / (threads * 8)).clamp(GEMV_CHUNK.min(rows), 256)
+    } else {
+        (rows / (threads * 4)).clamp(4.min(rows), 64)
+    };
+    let row_chunks = rows.div_ceil(chunk);
+    let tiles = n.div_ceil(TOKEN_TILE);
+    let n_tasks = row_chunks * tiles;
+    let optr = SyncPtr(out.as_mut_ptr());
+    let task = |i: usize| {
+        let (rc, tile) = (i % row_chunks, i / row_chunks);
+        let (r0, r1) = (rc * chunk, ((rc + 1) * chunk).min(rows));
+        let (t0, t1) = (tile * TOKEN_TILE, ((tile + 1) * TOKEN_TILE).min(n));
+        for r in r0..r1 {
+            let wr = &w[r * wrb..(r + 1) * wrb];
+            for t in t0..t1 {
+                let v = kernel.call(wr, &a.data[t * arb..(t + 1) * arb], cols);
+                // SAFETY: (t, r) lies in this task's tile, tiles are disjoint, and
+                // t*rows + r < n*rows = out.len(); `out` outlives the region.
+                unsafe { *optr.get().add(t * rows + r) = v };
+            }
+        }
+    };
+    if n_tasks == 1 || threads == 1 {
+        (0..n_tasks).for_each(task);
+    } else {
+        pool.run(n_tasks, task);
+    }
+}

@@ -1,0 +1,250 @@
+//! A small persistent compute pool: workers live as long as the pool, a region is
+//! published by bumping an epoch, tasks are claimed from an atomic counter, the calling
+//! thread works too, and everyone meets at a spin-then-park barrier.
+//!
+//! Why not rayon: a decode step runs a few hundred tiny regions; the per-region cost
+//! must be a few hundred nanoseconds while workers are hot, and idle workers must not
+//! burn a core (oversubscribed spin pools collapse), hence a bounded spin, then a park.
+
+use std::any::Any;
+use std::cell::{Cell, UnsafeCell};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a worker (or the waiting caller) spins before it parks.
+const SPIN: Duration = Duration::from_micros(200);
+
+type Task<'a> = dyn Fn(usize) + Sync + 'a;
+
+struct Shared {
+    /// Bumped once per region; workers compare it with the last one they served.
+    epoch: AtomicUsize,
+    /// The region's task function, valid from the epoch bump until every worker has
+    /// checked out (`pending == 0`). Written only by the caller holding `run_lock`.
+    job: UnsafeCell<Option<*const Task<'static>>>,
+    n_tasks: AtomicUsize,
+    next: AtomicUsize,
+    /// Workers that have not yet finished the current region.
+    pending: AtomicUsize,
+    /// Workers parked (or about to park) on `work_cv`.
+    sleepers: AtomicUsize,
+    shutdown: AtomicBool,
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    lock: Mutex<()>,
+    work_cv: Condvar,
+    done_cv: Condvar,
+}
+
+// SAFETY: `job` is written only by the thread that holds `run_lock`, strictly before the
+// epoch bump (Release) that publishes it, and read by workers only after they observe
+// that epoch (Acquire) and before they decrement `pending`; the writer does not touch it
+// again until `pending` reaches 0. Everything else is atomics and mutexes.
+unsafe impl Sync for Shared {}
+// SAFETY: the raw task pointer is only dereferenced under the protocol above.
+unsafe impl Send for Shared {}
+
+/// A persistent pool of `n_threads - 1` workers plus the calling thread.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    run_lock: Mutex<()>,
+}
+
+thread_local! {
+    /// Set while this thread executes a pool task: a nested `run` then runs inline.
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+impl ThreadPool {
+    /// A pool that runs regions on `n_threads` threads (the caller counts as one;
+    /// 0 is taken as 1). Spawns `n_threads - 1` workers once.
+    pub fn new(n_threads: usize) -> Self {
+        let n = n_threads.max(1);
+        let shared = Arc::new(Shared {
+            epoch: AtomicUsize::new(0),
+            job: UnsafeCell::new(None),
+            n_tasks: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            panic: Mutex::new(None),
+            lock: Mutex::new(()),
+            work_cv: Condvar::new(),
+            done_cv: Condvar::new(),
+        });
+        let workers = (1..n)
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("llamay-compute-{i}"))
+                    .spawn(move || worker(&s))
+                    .expect("spawning a compute thread")
+            })
+            .collect();
+        ThreadPool {
+            shared,
+            workers,
+            run_lock: Mutex::new(()),
+        }
+    }
+
+    /// Threads that take part in a region, the caller included.
+    pub fn n_threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f(i)` exactly once for every `i` in `0..n_tasks`, spread over the pool's
+    /// threads (the caller participates), and returns when all have finished.
+    ///
+    /// A panic in a task does not deadlock the pool: the remaining tasks still run,
+    /// and the first panic is re-raised on the caller after the region. Called from
+    /// inside a task (nested) or while another thread holds the pool, the region runs
+    /// inline on the calling thread.
+    pub fn run(&self, n_tasks: usize, f: impl Fn(usize) + Sync) {
+        if n_tasks == 0 {
+            return;
+        }
+        let nested = IN_TASK.with(|c| c.get());
+        let guard = if nested || self.workers.is_empty() || n_tasks == 1 {
+            None
+        } else {
+            match self.run_lock.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        };
+        let Some(_guard) = guard else {
+            for i in 0..n_tasks {
+                f(i);
+            }
+            return;
+        };
+        let s = &*self.shared;
+        let task: &Task<'_> = &f;
+        // SAFETY: the lifetime is erased only for the duration of this region: `run`
+        // does not return before every worker has checked out (`pending == 0`), and
+        // tasks are run under catch_unwind, so no path leaves early.
+        let task: *const Task<'static> =
+            unsafe { std::mem::transmute::<&Task<'_>, &'static Task<'static>>(task) };
+        // SAFETY: we hold `run_lock` and `pending == 0` (the previous region ended),
+        // so no worker reads `job` now.
+        unsafe { *s.job.get() = Some(task) };
+        s.n_tasks.store(n_tasks, Relaxed);
+        s.next.store(0, Relaxed);
+        s.pending.store(self.workers.len(), Relaxed);
+        s.epoch.fetch_add(1, SeqCst);
+        if s.sleepers.load(SeqCst) > 0 {
+            let _l = s.lock.lock().unwrap_or_else(|p| p.into_inner());
+            s.work_cv.notify_all();
+        }
+        execute(s, &f);
+        // Barrier: spin, then park until every worker has checked out.
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while s.pending.load(Acquire) != 0 {
+            std::hint::spin_loop();
+            spins += 1;
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+                let mut l = s.lock.lock().unwrap_or_else(|p| p.into_inner());
+                while s.pending.load(Acquire) != 0 {
+                    l = s.done_cv.wait(l).unwrap_or_else(|p| p.into_inner());
+                }
+                break;
+            }
+        }
+        // SAFETY: all workers have checked out; clear the dangling pointer.
+        unsafe { *s.job.get() = None };
+        let payload = s.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(p) = payload {
+            resume_unwind(p);
+        }
+    }
+}
+
+/// Claims and runs tasks of the current region until none are left.
+fn execute(s: &Shared, f: &Task<'_>) {
+    let n = s.n_tasks.load(Relaxed);
+    IN_TASK.with(|c| c.set(true));
+    loop {
+        let i = s.next.fetch_add(1, Relaxed);
+        if i >= n {
+            break;
+        }
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(i))) {
+            let mut slot = s.panic.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(p);
+            }
+        }
+    }
+    IN_TASK.with(|c| c.set(false));
+}
+
+fn worker(s: &Shared) {
+    let mut seen = 0usize;
+    loop {
+        // Wait for a new epoch: spin, then park.
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if s.shutdown.load(Acquire) {
+                return;
+            }
+            if s.epoch.load(Acquire) != seen {
+                break;
+            }
+            std::hint::spin_loop();
+            spins += 1;
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+                let mut l = s.lock.lock().unwrap_or_else(|p| p.into_inner());
+                s.sleepers.fetch_add(1, SeqCst);
+                while s.epoch.load(SeqCst) == seen && !s.shutdown.load(SeqCst) {
+                    l = s.work_cv.wait(l).unwrap_or_else(|p| p.into_inner());
+                }
+                s.sleepers.fetch_sub(1, SeqCst);
+                drop(l);
+                spins = 0;
+            }
+        }
+        if s.shutdown.load(Acquire) {
+            return;
+        }
+        seen = s.epoch.load(Acquire);
+        // SAFETY: the epoch we observed (Acquire) was published after `job` was set,
+        // and the caller keeps the task alive until we decrement `pending` below.
+        if let Some(task) = unsafe { *s.job.get() } {
+            // SAFETY: see above; the pointee outlives this use.
+            execute(s, unsafe { &*task });
+        }
+        if s.pending.fetch_sub(1, AcqRel) == 1 {
+            let _l = s.lock.lock().unwrap_or_else(|p| p.into_inner());
+            s.done_cv.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, SeqCst);
+        {
+            let _l = self.shared.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.shared.work_cv.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.n_threads())
+            .finish()
+    }
+}

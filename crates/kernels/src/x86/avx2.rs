@@ -1,0 +1,552 @@
+//! AVX2 + FMA + F16C kernels. Each `unsafe fn` here may only be called when the CPU
+//! has avx2, fma and f16c (checked once in `dispatch`) and the slices hold at least
+//! `n / block_size` blocks of their type (checked by `dispatch::Kernel::call`).
+//!
+//! K-quants compute the same exact i32 sums per super-block as `portable` and finish
+//! with the shared `kq_acc`, so they are bit-identical to it. The 32-blocks and the
+//! float types accumulate in f32 vector lanes (FMA), so they agree with `portable`
+//! within a float bound (see tests).
+
+use crate::portable::{Q8K, f32_at, kq_acc, q3k_scales, scales_mins_k4};
+use core::arch::x86_64::*;
+
+// ------------------------------------------------------------------ helpers
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b00_00_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn hsum_f32(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// One f16 (little-endian bytes at `p`) to f32 with F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn f16p(p: *const u8) -> f32 {
+    // SAFETY: caller guarantees 2 readable bytes at p.
+    let h = unsafe { (p as *const u16).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load256(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 32 readable bytes at p.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// 16 packed nibbles to 32 bytes: low nibbles first, then the high ones (ggml's order).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 16 readable bytes at p.
+    let t = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+}
+
+/// 32 bits at `p` to 32 bytes of 0xFF (bit set) / 0x00.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bits32(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 4 readable bytes at p.
+    let x = unsafe { (p as *const u32).read_unaligned() };
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0,
+    );
+    let b = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1))
+}
+
+/// Σ u8·i8 in groups of 8 → i32x8 (no saturation for |u|·|i| ≤ 16383·… as used here).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+/// Σ i8·i8 via |x| and sign(y, x).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256i {
+    // SAFETY: same features.
+    unsafe { mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
+}
+
+// ------------------------------------------------------------------ floats
+
+/// # Safety
+/// avx2+fma+f16c; `w`, `a` hold `n` f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (x, y) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY: every read is below n elements.
+    unsafe {
+        while i + 32 <= n {
+            for (k, a) in acc.iter_mut().enumerate() {
+                let p = i + 8 * k;
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(p)), _mm256_loadu_ps(y.add(p)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)), acc[0]);
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum_f32(v);
+        while i < n {
+            s += x.add(i).read_unaligned() * y.add(i).read_unaligned();
+            i += 1;
+        }
+        s
+    }
+}
+
+/// # Safety
+/// avx2+fma+f16c; `w`, `a` hold `n` f16.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (x, y) = (w.as_ptr(), a.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY: every read is below n elements.
+    unsafe {
+        let ld = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        while i + 32 <= n {
+            for (k, a) in acc.iter_mut().enumerate() {
+                let p = 2 * (i + 8 * k);
+                *a = _mm256_fmadd_ps(ld(x.add(p)), ld(y.add(p)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(ld(x.add(2 * i)), ld(y.add(2 * i)), acc[0]);
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum_f32(v);
+        while i < n {
+            s += f16p(x.add(2 * i)) * f16p(y.add(2 * i));
+            i += 1;
+        }
+        s
+    }
+}
+
+/// # Safety
+/// avx2+fma+f16c; `w`, `a` hold `n` bf16.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_bf16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (x, y) = (w.as_ptr(), a.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut i = 0;
+    // SAFETY: every read is below n elements.
+    unsafe {
+        let ld = |p: *const u8| {
+            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+        };
+        while i + 16 <= n {
+            for (k, a) in acc.iter_mut().enumerate() {
+                let p = 2 * (i + 8 * k);
+                *a = _mm256_fmadd_ps(ld(x.add(p)), ld(y.add(p)), *a);
+            }
+            i += 16;
+        }
+        let mut s = hsum_f32(_mm256_add_ps(acc[0], acc[1]));
+        while i < n {
+            let bx = f32::from_bits(((x.add(2 * i) as *const u16).read_unaligned() as u32) << 16);
+            let by = f32::from_bits(((y.add(2 * i) as *const u16).read_unaligned() as u32) << 16);
+            s += bx * by;
+            i += 1;
+        }
+        s
+    }
+}
+
+// ------------------------------------------------------------------ 32-blocks
+
+/// Shared loop over 32-blocks against Q8_0: `qx(block ptr)` gives the 32 weight bytes
+/// (signed) of a block; `dx(block ptr)` its scale.
+macro_rules! legacy_q8_0 {
+    ($w:expr, $a:expr, $n:expr, $ts:expr, |$p:ident| $qx:expr, $dx:expr) => {{
+        let (mut xp, mut yp) = ($w.as_ptr(), $a.as_ptr());
+        let mut acc = _mm256_setzero_ps();
+        for _ in 0..$n / 32 {
+            let $p = xp;
+            let qx: __m256i = $qx;
+            let qy = load256(yp.add(2));
+            let d = _mm256_set1_ps($dx * f16p(yp));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(mul_sum_i8(qx, qy)), acc);
+            xp = xp.add($ts);
+            yp = yp.add(34);
+        }
+        hsum_f32(acc)
+    }};
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q4_0 / Q8_0 blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: block reads stay inside the n/32 blocks.
+    unsafe {
+        legacy_q8_0!(
+            w,
+            a,
+            n,
+            18,
+            |p| _mm256_sub_epi8(nibbles32(p.add(2)), _mm256_set1_epi8(8)),
+            f16p(p)
+        )
+    }
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q5_0 / Q8_0 blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: block reads stay inside the n/32 blocks.
+    unsafe {
+        legacy_q8_0!(
+            w,
+            a,
+            n,
+            22,
+            |p| _mm256_or_si256(
+                nibbles32(p.add(6)),
+                _mm256_andnot_si256(bits32(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8))
+            ),
+            f16p(p)
+        )
+    }
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q8_0 / Q8_0 blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: block reads stay inside the n/32 blocks.
+    unsafe { legacy_q8_0!(w, a, n, 34, |p| load256(p.add(2)), f16p(p)) }
+}
+
+/// Shared loop over 32-blocks with a min against Q8_1 (unsigned weights).
+macro_rules! legacy_q8_1 {
+    ($w:expr, $a:expr, $n:expr, $ts:expr, |$p:ident| $qx:expr) => {{
+        let (mut xp, mut yp) = ($w.as_ptr(), $a.as_ptr());
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = 0.0f32;
+        for _ in 0..$n / 32 {
+            let $p = xp;
+            let qx: __m256i = $qx;
+            let qy = load256(yp.add(4));
+            let d = _mm256_set1_ps(f16p(xp) * f16p(yp));
+            summs += f16p(xp.add(2)) * f16p(yp.add(2));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(mul_sum_us8(qx, qy)), acc);
+            xp = xp.add($ts);
+            yp = yp.add(36);
+        }
+        hsum_f32(acc) + summs
+    }};
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q4_1 / Q8_1 blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: block reads stay inside the n/32 blocks.
+    unsafe { legacy_q8_1!(w, a, n, 20, |p| nibbles32(p.add(4))) }
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q5_1 / Q8_1 blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5_1(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: block reads stay inside the n/32 blocks.
+    unsafe {
+        legacy_q8_1!(w, a, n, 24, |p| _mm256_or_si256(
+            nibbles32(p.add(8)),
+            _mm256_and_si256(bits32(p.add(4)), _mm256_set1_epi8(0x10))
+        ))
+    }
+}
+
+// ------------------------------------------------------------------ K-quants
+
+/// i16x16 with lanes 0..8 = `lo`, 8..16 = `hi` (two 16-element sub-block scales).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_pair(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// Σ bsums[j] · m[j] over 16 sub-blocks, m given as i16x16.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bsums_dot(y: *const u8, m: __m256i) -> i32 {
+    // SAFETY: a Q8_K block has its 16 bsums at 260.
+    unsafe { hsum_i32(_mm256_madd_epi16(load256(y.add(260)), m)) }
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q2_K / Q8_K blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut acc = 0.0f32;
+    for i in 0..n / 256 {
+        // SAFETY: block i of each row is in bounds.
+        unsafe {
+            let x = w.as_ptr().add(84 * i);
+            let y = a.as_ptr().add(Q8K * i);
+            let sc = _mm_loadu_si128(x as *const __m128i);
+            let mins =
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xF)));
+            let summs = bsums_dot(y, mins);
+            let scb = &w[84 * i..84 * i + 16];
+            let mut sumi = _mm256_setzero_si256();
+            for h in 0..2 {
+                let q2 = load256(x.add(16 + 32 * h));
+                for k in 0..4 {
+                    let q = _mm256_and_si256(
+                        _mm256_srlv_epi32(q2, _mm256_set1_epi32(2 * k as i32)),
+                        _mm256_set1_epi8(3),
+                    );
+                    let q8 = load256(y.add(4 + 128 * h + 32 * k));
+                    let p = _mm256_maddubs_epi16(q, q8);
+                    let s = 8 * h + 2 * k;
+                    let sv = scale_pair((scb[s] & 0xF) as i32, (scb[s + 1] & 0xF) as i32);
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv));
+                }
+            }
+            let dy = f32_at(a, Q8K * i);
+            acc = kq_acc(
+                acc,
+                dy * f16p(x.add(80)),
+                hsum_i32(sumi),
+                dy * f16p(x.add(82)),
+                summs,
+            );
+        }
+    }
+    acc
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q3_K / Q8_K blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut acc = 0.0f32;
+    for i in 0..n / 256 {
+        // SAFETY: block i of each row is in bounds.
+        unsafe {
+            let x = w.as_ptr().add(110 * i);
+            let y = a.as_ptr().add(Q8K * i);
+            let sc = q3k_scales(&w[110 * i + 96..110 * i + 108]);
+            let hb = load256(x);
+            let mut sumi = _mm256_setzero_si256();
+            for h in 0..2 {
+                let q3 = load256(x.add(32 + 32 * h));
+                for k in 0..4 {
+                    let g = 4 * h + k;
+                    let low = _mm256_and_si256(
+                        _mm256_srlv_epi32(q3, _mm256_set1_epi32(2 * k as i32)),
+                        _mm256_set1_epi8(3),
+                    );
+                    let hbit = _mm256_and_si256(
+                        _mm256_srlv_epi32(hb, _mm256_set1_epi32(g as i32)),
+                        _mm256_set1_epi8(1),
+                    );
+                    let sub4 = _mm256_slli_epi16(_mm256_xor_si256(hbit, _mm256_set1_epi8(1)), 2);
+                    let q8 = load256(y.add(4 + 32 * g));
+                    let p = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(low, q8),
+                        _mm256_maddubs_epi16(sub4, q8),
+                    );
+                    let sv = scale_pair(sc[2 * g] as i32, sc[2 * g + 1] as i32);
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv));
+                }
+            }
+            acc = kq_acc(
+                acc,
+                f16p(x.add(108)) * f32_at(a, Q8K * i),
+                hsum_i32(sumi),
+                0.0,
+                0,
+            );
+        }
+    }
+    acc
+}
+
+/// The eight Q4_K/Q5_K mins as i16x16 (each repeated for the two 16-bsums it covers).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mins16(mn: &[u8; 8]) -> __m256i {
+    // SAFETY: `mn` has 8 bytes.
+    let m = _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(mn.as_ptr() as *const __m128i) });
+    // duplicate each i16: [m0 m0 m1 m1 ...]
+    _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m))
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q4_K / Q8_K blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut acc = 0.0f32;
+    let m4 = _mm256_set1_epi8(0xF);
+    for i in 0..n / 256 {
+        // SAFETY: block i of each row is in bounds.
+        unsafe {
+            let x = w.as_ptr().add(144 * i);
+            let y = a.as_ptr().add(Q8K * i);
+            let (sc, mn) = scales_mins_k4(&w[144 * i + 4..144 * i + 16]);
+            let summs = bsums_dot(y, mins16(&mn));
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                let q4 = load256(x.add(16 + 32 * j));
+                let lo = _mm256_and_si256(q4, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+                let pl = _mm256_maddubs_epi16(lo, load256(y.add(4 + 64 * j)));
+                let ph = _mm256_maddubs_epi16(hi, load256(y.add(36 + 64 * j)));
+                let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * j] as i16));
+                let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * j + 1] as i16));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+            }
+            let dy = f32_at(a, Q8K * i);
+            acc = kq_acc(
+                acc,
+                f16p(x) * dy,
+                hsum_i32(sumi),
+                f16p(x.add(2)) * dy,
+                summs,
+            );
+        }
+    }
+    acc
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q5_K / Q8_K blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut acc = 0.0f32;
+    let m4 = _mm256_set1_epi8(0xF);
+    let one = _mm256_set1_epi8(1);
+    for i in 0..n / 256 {
+        // SAFETY: block i of each row is in bounds.
+        unsafe {
+            let x = w.as_ptr().add(176 * i);
+            let y = a.as_ptr().add(Q8K * i);
+            let (sc, mn) = scales_mins_k4(&w[176 * i + 4..176 * i + 16]);
+            let summs = bsums_dot(y, mins16(&mn));
+            let qh = load256(x.add(16));
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                let q4 = load256(x.add(48 + 32 * j));
+                let hl =
+                    _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_set1_epi32(2 * j as i32)), one);
+                let hh = _mm256_and_si256(
+                    _mm256_srlv_epi32(qh, _mm256_set1_epi32(2 * j as i32 + 1)),
+                    one,
+                );
+                let lo = _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16(hl, 4));
+                let hi = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4),
+                    _mm256_slli_epi16(hh, 4),
+                );
+                let pl = _mm256_maddubs_epi16(lo, load256(y.add(4 + 64 * j)));
+                let ph = _mm256_maddubs_epi16(hi, load256(y.add(36 + 64 * j)));
+                let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * j] as i16));
+                let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * j + 1] as i16));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+            }
+            let dy = f32_at(a, Q8K * i);
+            acc = kq_acc(
+                acc,
+                f16p(x) * dy,
+                hsum_i32(sumi),
+                f16p(x.add(2)) * dy,
+                summs,
+            );
+        }
+    }
+    acc
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole Q6_K / Q8_K blocks for `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut acc = 0.0f32;
+    let m4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(3);
+    let k32 = _mm256_set1_epi8(32);
+    for i in 0..n / 256 {
+        // SAFETY: block i of each row is in bounds.
+        unsafe {
+            let x = w.as_ptr().add(210 * i);
+            let y = a.as_ptr().add(Q8K * i);
+            let sc = &w[210 * i + 192..210 * i + 208];
+            let mut sumi = _mm256_setzero_si256();
+            for h in 0..2 {
+                let ql0 = load256(x.add(64 * h));
+                let ql1 = load256(x.add(64 * h + 32));
+                let qh = load256(x.add(128 + 32 * h));
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                    ),
+                ];
+                for (k, &qk) in q.iter().enumerate() {
+                    let q8 = load256(y.add(4 + 128 * h + 32 * k));
+                    let p = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(qk, q8),
+                        _mm256_maddubs_epi16(k32, q8),
+                    );
+                    let s = 8 * h + 2 * k;
+                    let sv = scale_pair(sc[s] as i8 as i32, sc[s + 1] as i8 as i32);
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv));
+                }
+            }
+            acc = kq_acc(
+                acc,
+                f16p(x.add(208)) * f32_at(a, Q8K * i),
+                hsum_i32(sumi),
+                0.0,
+                0,
+            );
+        }
+    }
+    acc
+}

@@ -1,0 +1,4 @@
+//! x86-64 SIMD kernels; reached only through `crate::dispatch`.
+
+pub(crate) mod avx2;
+pub(crate) mod avx512;

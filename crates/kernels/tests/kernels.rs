@@ -1,0 +1,341 @@
+//! SIMD vs portable, portable vs a dequantise-and-dot f64 reference, quantize_rows vs
+//! llamay_formats, matmul vs a naive loop.
+//!
+//! Stated bounds (eps = f32::EPSILON):
+//! - K-quants (Q2_K..Q6_K): every SIMD kernel is bit-identical to portable (exact i32
+//!   super-block sums, same scalar float finish).
+//! - 32-blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0): |simd − portable| ≤ 4·eps·(nb+8)·Σ_b |dot_b|
+//!   (dot_b = the portable dot of block b alone): only the f32 accumulation order differs.
+//! - F32/F16/BF16: |simd − portable| ≤ 4·eps·(n+8)·Σ|x_i·y_i|.
+//! - portable vs reference: |portable − ref| ≤ 32·eps·(nb+2)·Σ_i (|w_i| + M_b)·|a_i|,
+//!   M_b the largest |w| of the element's block (covers min-term cancellation), plus
+//!   for Q4_1/Q5_1 Σ_b |m_b|·|Σ a|·2^-11 (Q8_1's `s` is stored as f16).
+
+use llamay_formats::{GgmlType, GgmlType::*};
+use llamay_kernels::*;
+use proptest::prelude::*;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+const WEIGHT_TYPES: &[GgmlType] = &[
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+    IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, MXFP4,
+];
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// Positions of the f16 scales in a block of `ty`.
+fn scale_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random bytes for `cols` values of `ty`, with finite scales of moderate size.
+fn random_row(ty: GgmlType, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    match ty {
+        F32 => (0..cols).flat_map(|_| rng.f32().to_le_bytes()).collect(),
+        F16 => (0..cols).flat_map(|_| f16_bytes(rng.f32())).collect(),
+        BF16 => (0..cols)
+            .flat_map(|_| ((rng.f32().to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        _ => {
+            let ts = ty.type_size() as usize;
+            let nb = cols / ty.block_size() as usize;
+            let mut b = rng.bytes(nb * ts);
+            for blk in b.chunks_exact_mut(ts) {
+                for &at in scale_fields(ty) {
+                    blk[at..at + 2].copy_from_slice(&f16_bytes(rng.f32() * 0.01));
+                }
+                if ty == MXFP4 {
+                    blk[0] = 110 + (rng.next() % 20) as u8;
+                }
+            }
+            b
+        }
+    }
+}
+
+fn random_f32(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.f32() * 3.0).collect()
+}
+
+fn deq(ty: GgmlType, b: &[u8], n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    llamay_formats::dequantize(ty, b, &mut v).unwrap();
+    v
+}
+
+fn activation(wty: GgmlType, cols: usize, rng: &mut Rng, pool: &ThreadPool) -> QuantizedRows {
+    quantize_rows(wty.vec_dot_type(), &random_f32(cols, rng), cols, pool)
+}
+
+fn is_kquant(ty: GgmlType) -> bool {
+    matches!(ty, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+}
+
+fn check_simd(ty: GgmlType, nb: usize, seed: u64, pool: &ThreadPool) {
+    let mut rng = Rng(seed | 1);
+    let cols = nb * ty.block_size().max(32) as usize;
+    let w = random_row(ty, cols, &mut rng);
+    let a = activation(ty, cols, &mut rng, pool);
+    let p = vec_dot_with(KernelSet::Portable, ty, &w, &a.data, cols);
+    assert!(p.is_finite(), "{ty}: portable {p}");
+    for set in KernelSet::available() {
+        if set == KernelSet::Portable || !set.has_kernel(ty) {
+            continue;
+        }
+        let s = vec_dot_with(set, ty, &w, &a.data, cols);
+        if is_kquant(ty) {
+            assert_eq!(
+                s.to_bits(),
+                p.to_bits(),
+                "{ty} {set:?} nb={nb}: {s} vs portable {p}"
+            );
+            continue;
+        }
+        let eps = f32::EPSILON as f64;
+        let bound = if matches!(ty, F32 | F16 | BF16) {
+            let (x, y) = (deq(ty, &w, cols), deq(ty, &a.data, cols));
+            let mag: f64 = x.iter().zip(&y).map(|(a, b)| (a * b).abs() as f64).sum();
+            4.0 * eps * (cols as f64 + 8.0) * mag
+        } else {
+            let (bs, wts, ats) = (
+                32usize,
+                ty.type_size() as usize,
+                ty.vec_dot_type().type_size() as usize,
+            );
+            let mag: f64 = (0..cols / bs)
+                .map(|b| {
+                    vec_dot_with(
+                        KernelSet::Portable,
+                        ty,
+                        &w[b * wts..(b + 1) * wts],
+                        &a.data[b * ats..(b + 1) * ats],
+                        bs,
+                    )
+                    .abs() as f64
+                })
+                .sum();
+            4.0 * eps * ((cols / bs) as f64 + 8.0) * mag
+        };
+        let diff = (s as f64 - p as f64).abs();
+        assert!(
+            diff <= bound,
+            "{ty} {set:?} nb={nb}: {s} vs portable {p}, diff {diff} > {bound}"
+        );
+    }
+}
+
+fn check_reference(ty: GgmlType, nb: usize, seed: u64, pool: &ThreadPool) {
+    let mut rng = Rng(seed | 1);
+    let bs = ty.block_size() as usize;
+    let cols = nb * bs.max(32);
+    let w = if ty.is_writable() && bs > 1 {
+        let x: Vec<f32> = random_f32(cols, &mut rng)
+            .iter()
+            .map(|v| v * 0.05)
+            .collect();
+        llamay_formats::quantize(ty, &x).unwrap()
+    } else {
+        random_row(ty, cols, &mut rng)
+    };
+    let a = activation(ty, cols, &mut rng, pool);
+    let (wv, av) = (deq(ty, &w, cols), deq(a.ty, &a.data, cols));
+    let reference: f64 = wv.iter().zip(&av).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let blk = bs.max(32);
+    let mut mag = 0.0f64;
+    for (wb, ab) in wv.chunks(blk).zip(av.chunks(blk)) {
+        let m = wb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
+        mag += wb
+            .iter()
+            .zip(ab)
+            .map(|(x, y)| (x.abs() as f64 + m) * y.abs() as f64)
+            .sum::<f64>();
+    }
+    let p = vec_dot_with(KernelSet::Portable, ty, &w, &a.data, cols) as f64;
+    let mut bound = 32.0 * f32::EPSILON as f64 * (nb as f64 + 2.0) * mag;
+    if matches!(ty, Q4_1 | Q5_1) {
+        // Q8_1 stores s = d·Σq rounded to f16: the min term m·s carries that rounding.
+        let ts = ty.type_size() as usize;
+        for (b, ab) in av.chunks(32).enumerate() {
+            let m = half::f16::from_le_bytes([w[b * ts + 2], w[b * ts + 3]]).to_f32() as f64;
+            let sa: f64 = ab.iter().map(|v| *v as f64).sum();
+            bound += m.abs() * (sa.abs() + 1e-30) * (1.0 / 2048.0);
+        }
+    }
+    assert!(
+        (p - reference).abs() <= bound,
+        "{ty} nb={nb}: portable {p} vs reference {reference} (bound {bound})"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn simd_equals_portable(seed in any::<u64>(), nb in 1usize..9) {
+        let pool = ThreadPool::new(1);
+        for &ty in WEIGHT_TYPES {
+            check_simd(ty, nb, seed, &pool);
+        }
+    }
+
+    #[test]
+    fn portable_matches_dequantised_reference(seed in any::<u64>(), nb in 1usize..6) {
+        let pool = ThreadPool::new(1);
+        for &ty in WEIGHT_TYPES {
+            check_reference(ty, nb, seed, &pool);
+        }
+    }
+
+    #[test]
+    fn quantize_rows_equals_formats(seed in any::<u64>(), nb in 1usize..4, n in 1usize..5) {
+        let pool = ThreadPool::new(3);
+        let mut rng = Rng(seed | 1);
+        for ty in [Q8_0, Q8_1, Q8_K, F16, BF16, F32] {
+            let cols = nb * 256;
+            let mut x = random_f32(n * cols, &mut rng);
+            if seed % 3 == 0 { x[..cols].fill(0.0); }
+            let q = quantize_rows(ty, &x, cols, &pool);
+            prop_assert_eq!(q.n, n);
+            prop_assert_eq!(&q.data, &llamay_formats::quantize(ty, &x).unwrap(), "{}", ty);
+        }
+    }
+}
+
+#[test]
+fn float_simd_handles_tails() {
+    let pool = ThreadPool::new(1);
+    let mut rng = Rng(99);
+    for ty in [F32, F16, BF16] {
+        for cols in [1usize, 7, 8, 9, 31, 33, 100, 257] {
+            let w = random_row(ty, cols, &mut rng);
+            let a = quantize_rows(ty, &random_f32(cols, &mut rng), cols, &pool);
+            let p = vec_dot_with(KernelSet::Portable, ty, &w, &a.data, cols);
+            for set in KernelSet::available() {
+                let s = vec_dot_with(set, ty, &w, &a.data, cols);
+                assert!(
+                    (s - p).abs() <= 1e-5 * (1.0 + p.abs()) * cols as f32,
+                    "{ty} {set:?} {cols}: {s} vs {p}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn large_quantised_activation_rows_go_through_the_pool() {
+    let pool = ThreadPool::new(4);
+    let mut rng = Rng(5);
+    let cols = 4096;
+    let x = random_f32(40 * cols, &mut rng);
+    for ty in [Q8_0, Q8_1, Q8_K] {
+        let q = quantize_rows(ty, &x, cols, &pool);
+        assert_eq!(q.data, llamay_formats::quantize(ty, &x).unwrap());
+    }
+}
+
+#[test]
+fn matmul_equals_naive_loop() {
+    let pool = ThreadPool::new(3);
+    let mut rng = Rng(7);
+    for &ty in WEIGHT_TYPES {
+        let cols = 512;
+        for (rows, n) in [(37usize, 1usize), (64, 5), (19, 70)] {
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(ty, cols, &mut rng))
+                .collect();
+            let x = random_f32(n * cols, &mut rng);
+            let a = quantize_rows(ty.vec_dot_type(), &x, cols, &pool);
+            let wrb = w.len() / rows;
+            for set in KernelSet::available() {
+                let mut out = vec![f32::NAN; rows * n];
+                matmul_with(set, ty, &w, rows, cols, &a, &mut out, &pool);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let want =
+                            vec_dot_with(set, ty, &w[r * wrb..(r + 1) * wrb], a.row(t), cols);
+                        assert_eq!(
+                            out[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{ty} {set:?} r={r} t={t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kvalue_tables_match_formats() {
+    // IQ4_NL block with d = 1 and nibbles 0..15 / 15..0.
+    let mut b = vec![0u8; 18];
+    b[0..2].copy_from_slice(&f16_bytes(1.0));
+    for j in 0..16 {
+        b[2 + j] = j as u8 | ((15 - j as u8) << 4);
+    }
+    let v = deq(IQ4_NL, &b, 32);
+    let w: Vec<u8> = b.clone();
+    // A Q8_0 activation that is one-hot at element j picks kvalue j.
+    let pool = ThreadPool::new(1);
+    for j in 0..32 {
+        let mut x = vec![0f32; 32];
+        x[j] = 1.0;
+        let a = quantize_rows(Q8_0, &x, 32, &pool);
+        let d = vec_dot(IQ4_NL, &w, &a.data, 32);
+        let ay = deq(Q8_0, &a.data, 32)[j];
+        assert_eq!(d, v[j] * ay, "element {j}");
+    }
+}
+
+#[test]
+fn bad_shapes_give_nan_not_panic() {
+    let w = vec![0u8; 144];
+    let a = vec![0u8; 292];
+    assert!(vec_dot(Q4_K, &w, &a, 256).is_finite());
+    assert!(vec_dot(Q4_K, &w[..100], &a, 256).is_nan());
+    assert!(vec_dot(Q4_K, &w, &a[..10], 256).is_nan());
+    assert!(vec_dot(Q4_K, &w, &a, 100).is_nan());
+    assert!(vec_dot(IQ1_S, &w, &a, 256).is_nan());
+    assert!(vec_dot(Q8_K, &a, &a, 256).is_nan());
+    assert!(!supports(Q8_K) && supports(IQ3_S));
+}
+
+#[cfg(not(debug_assertions))]
+#[test]
+fn matmul_shape_mismatch_fills_nan() {
+    let pool = ThreadPool::new(2);
+    let a = quantize_rows(Q8_K, &[0.5; 256], 256, &pool);
+    let mut out = vec![0.0; 4];
+    matmul(Q4_K, &[0u8; 144], 4, 256, &a, &mut out, &pool);
+    assert!(out.iter().all(|v| v.is_nan()));
+}
+
+#[test]
+fn kernel_set_is_named() {
+    assert!(["portable", "avx2", "avx512vnni"].contains(&kernel_set()));
+    assert!(KernelSet::Portable.is_available());
+}
