@@ -1,0 +1,101 @@
+//! GEMV (2048 x 2048) GB/s of weight bytes per format, and GFLOP/s of a 64-token matmul,
+//! portable vs each SIMD set this CPU has. Run: `cargo bench -p llamay-kernels`.
+//! Criterion's "elem/s" on the matmul group are FLOP/s (2·rows·cols·tokens per call).
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use llamay_formats::GgmlType::{self, *};
+use llamay_kernels::{KernelSet, ThreadPool, matmul_with, quantize_rows};
+use std::time::Duration;
+
+const ROWS: usize = 2048;
+const COLS: usize = 2048;
+
+fn rng_bytes(n: usize, seed: &mut u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed as u8
+        })
+        .collect()
+}
+
+/// Random blocks with small finite f16 scales.
+fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let ts = ty.type_size() as usize;
+    let mut w = rng_bytes(rows * cols / ty.block_size() as usize * ts, &mut seed);
+    let fields: &[usize] = match ty {
+        Q4_0 | Q5_0 | Q8_0 => &[0],
+        Q4_K => &[0, 2],
+        Q6_K => &[208],
+        _ => &[],
+    };
+    let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    for blk in w.chunks_exact_mut(ts) {
+        for &at in fields {
+            blk[at..at + 2].copy_from_slice(&d);
+        }
+    }
+    w
+}
+
+fn activations(ty: GgmlType, n: usize, pool: &ThreadPool) -> llamay_kernels::QuantizedRows {
+    let x: Vec<f32> = (0..n * COLS)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    quantize_rows(ty.vec_dot_type(), &x, COLS, pool)
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn gemv(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gemv_2048x2048");
+    g.warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20);
+    for nt in [1, threads()] {
+        let pool = ThreadPool::new(nt);
+        for ty in [Q4_K, Q8_0, Q6_K, Q5_0] {
+            let w = weights(ty, ROWS, COLS);
+            let a = activations(ty, 1, &pool);
+            let mut out = vec![0f32; ROWS];
+            g.throughput(Throughput::Bytes(w.len() as u64));
+            for set in KernelSet::available() {
+                let id = BenchmarkId::new(format!("{ty}/{}", set.name()), format!("{nt}t"));
+                g.bench_function(id, |b| {
+                    b.iter(|| matmul_with(set, ty, &w, ROWS, COLS, &a, &mut out, &pool))
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+fn prefill(c: &mut Criterion) {
+    const TOKENS: usize = 64;
+    let mut g = c.benchmark_group("matmul_64tok_2048x2048");
+    g.warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(10);
+    let pool = ThreadPool::new(threads());
+    for ty in [Q4_K, Q8_0, Q6_K, Q5_0] {
+        let w = weights(ty, ROWS, COLS);
+        let a = activations(ty, TOKENS, &pool);
+        let mut out = vec![0f32; ROWS * TOKENS];
+        g.throughput(Throughput::Elements((2 * ROWS * COLS * TOKENS) as u64));
+        for set in KernelSet::available() {
+            let id = BenchmarkId::new(format!("{ty}/{}", set.name()), format!("{}t", threads()));
+            g.bench_function(id, |b| {
+                b.iter(|| matmul_with(set, ty, &w, ROWS, COLS, &a, &mut out, &pool))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, gemv, prefill);
+criterion_main!(benches);
