@@ -14,7 +14,7 @@ use core::arch::x86_64::*;
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
+pub(crate) unsafe fn hsum_i32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b00_00_00_01));
@@ -41,7 +41,7 @@ pub(crate) unsafe fn f16p(p: *const u8) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load256(p: *const u8) -> __m256i {
+pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 32 readable bytes at p.
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
@@ -301,7 +301,7 @@ unsafe fn scale_pair(lo: i32, hi: i32) -> __m256i {
 /// Σ bsums[j] · m[j] over 16 sub-blocks, m given as i16x16.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn bsums_dot(y: *const u8, m: __m256i) -> i32 {
+pub(crate) unsafe fn bsums_dot(y: *const u8, m: __m256i) -> i32 {
     // SAFETY: a Q8_K block has its 16 bsums at 260.
     unsafe { hsum_i32(_mm256_madd_epi16(load256(y.add(260)), m)) }
 }
@@ -399,7 +399,7 @@ pub(crate) unsafe fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// The eight Q4_K/Q5_K mins as i16x16 (each repeated for the two 16-bsums it covers).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn mins16(mn: &[u8; 8]) -> __m256i {
+pub(crate) unsafe fn mins16(mn: &[u8; 8]) -> __m256i {
     // SAFETY: `mn` has 8 bytes.
     let m = _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(mn.as_ptr() as *const __m128i) });
     // duplicate each i16: [m0 m0 m1 m1 ...]
