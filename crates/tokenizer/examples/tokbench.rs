@@ -21,5 +21,8 @@ fn main() {
         n = t.encode(&text, false, false).len();
         best = best.min(t0.elapsed().as_secs_f64() * 1e3);
     }
-    println!("tokenized {} bytes in {best:.3} ms (llamay), {n} tokens", text.len());
+    println!(
+        "tokenized {} bytes in {best:.3} ms (llamay), {n} tokens",
+        text.len()
+    );
 }

@@ -207,7 +207,13 @@ pub(crate) fn lookup(pre: &str) -> Option<(&'static RuleSet, PreFlags)> {
         "default" => (&DEFAULT, F),
         "minicpm5" => (&MINICPM5, im(F)),
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" => (&LLAMA3, im(F)),
+        | "lfm2" | "jina-v5-nano" => (
+            &LLAMA3,
+            PreFlags {
+                add_bos: true,
+                ..im(F)
+            },
+        ),
         "deepseek-llm" => (&DEEPSEEK_LLM, NC),
         "deepseek-coder" => (&DEEPSEEK_CODER, NC),
         "deepseek-v3" => (&DEEPSEEK3_LLM, NC),
