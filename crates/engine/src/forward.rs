@@ -295,6 +295,7 @@ impl Model<'_> {
         let parts = parallel_ranges(n_work, self.threads, |range| {
             let mut out = vec![0f32; range.len() * hv];
             let mut scores = Vec::new();
+            let mut qbuf = vec![0f32; hk];
             for (i, w) in range.enumerate() {
                 let (t, head) = (w / cfg.n_head, w % cfg.n_head);
                 let bt = batch[t];
@@ -303,7 +304,11 @@ impl Model<'_> {
                 let keys = cache.keys(il);
                 let values = cache.values(il);
                 let kvh = head / group;
-                let qv = &q[t * cfg.q_dim() + head * hk..t * cfg.q_dim() + (head + 1) * hk];
+                qbuf.copy_from_slice(
+                    &q[t * cfg.q_dim() + head * hk..t * cfg.q_dim() + (head + 1) * hk],
+                );
+                cache.precision().round(&mut qbuf);
+                let qv = &qbuf;
                 let first = if swa && cfg.n_swa > 0 {
                     (bt.pos + 1).saturating_sub(cfg.n_swa)
                 } else {

@@ -1,9 +1,39 @@
-//! The KV cache of one sequence. This is the exact (f32) cache; the paged allocator
-//! and the quantised precisions plug in behind the same methods.
+//! The KV cache of one sequence. The paged allocator and the quantised precisions plug
+//! in behind the same methods.
+
+/// How keys and values are held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPrecision {
+    /// Exact: what the projections produced.
+    F32,
+    /// Rounded to f16, as llama.cpp's default cache (`-ctk f16 -ctv f16`) holds them;
+    /// queries are rounded to f16 for the Q·K product too, as its f16 dot does. Chosen
+    /// to reproduce llama.cpp's default numerics; stored widened (memory as f32).
+    F16,
+}
+
+impl KvPrecision {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(KvPrecision::F32),
+            "f16" => Some(KvPrecision::F16),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn round(self, x: &mut [f32]) {
+        if self == KvPrecision::F16 {
+            for v in x {
+                *v = half::f16::from_f32(*v).to_f32();
+            }
+        }
+    }
+}
 
 /// Keys and values of every layer for the positions a sequence has seen.
 #[derive(Clone, Debug)]
 pub struct KvCache {
+    precision: KvPrecision,
     k_dim: usize,
     v_dim: usize,
     /// Per layer: keys `[len][k_dim]`, values `[len][v_dim]`.
@@ -15,8 +45,15 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(n_layer: usize, k_dim: usize, v_dim: usize, capacity: usize) -> Self {
+    pub fn new(
+        n_layer: usize,
+        k_dim: usize,
+        v_dim: usize,
+        capacity: usize,
+        precision: KvPrecision,
+    ) -> Self {
         KvCache {
+            precision,
             k_dim,
             v_dim,
             k: vec![Vec::new(); n_layer],
@@ -24,6 +61,10 @@ impl KvCache {
             len: 0,
             capacity,
         }
+    }
+
+    pub fn precision(&self) -> KvPrecision {
+        self.precision
     }
 
     /// Positions stored (the next token's position).
@@ -42,8 +83,11 @@ impl KvCache {
     /// Appends the keys and values of `n` new positions for `layer`; the caller appends
     /// every layer, then calls [`KvCache::commit`].
     pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        let (ks, vs) = (self.k[layer].len(), self.v[layer].len());
         self.k[layer].extend_from_slice(k);
         self.v[layer].extend_from_slice(v);
+        self.precision.round(&mut self.k[layer][ks..]);
+        self.precision.round(&mut self.v[layer][vs..]);
     }
 
     pub(crate) fn commit(&mut self, n: usize) {

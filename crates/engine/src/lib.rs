@@ -17,7 +17,7 @@ mod weights;
 pub use arch::{ARCHITECTURES, ArchSpec};
 pub use config::Config;
 pub use forward::{BatchToken, Logits};
-pub use kv::KvCache;
+pub use kv::{KvCache, KvPrecision};
 pub use tensor::Threads;
 
 use llamay_gguf::Model as Gguf;
@@ -149,14 +149,14 @@ impl<'a> Model<'a> {
         })
     }
 
-    /// A fresh KV cache for one sequence of at most `n_ctx` positions.
+    /// A fresh exact (f32) KV cache for one sequence of at most `n_ctx` positions.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.n_layer,
-            self.config.k_dim(),
-            self.config.v_dim(),
-            n_ctx,
-        )
+        self.new_cache_with(n_ctx, KvPrecision::F32)
+    }
+
+    pub fn new_cache_with(&self, n_ctx: usize, precision: KvPrecision) -> KvCache {
+        let c = &self.config;
+        KvCache::new(c.n_layer, c.k_dim(), c.v_dim(), n_ctx, precision)
     }
 
     pub fn threads(&self) -> Threads {

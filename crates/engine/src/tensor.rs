@@ -71,17 +71,31 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// Rounds each row of `x` (rows of `cols`) through `ty`, as llama.cpp quantises the
-/// activation to the weight's vec_dot_type before the dot product.
+/// Rounds each row of `x` (rows of `cols`) through `ty`'s vec_dot type, as llama.cpp's
+/// CPU backend quantises the activation before the dot product.
 pub fn round_activations(ty: GgmlType, x: &mut [f32], cols: usize) {
-    let vt = ty.vec_dot_type();
-    if vt == GgmlType::F32 {
-        return;
-    }
-    for row in x.chunks_mut(cols) {
-        // Non-finite activations cannot be quantised; leave them (the output will show it).
-        if let Ok(q) = quantize(vt, row) {
-            let _ = dequantize(vt, &q, row);
+    match ty.vec_dot_type() {
+        GgmlType::F32 => {}
+        // ggml-cpu's own activation quantiser for Q8_0/Q8_1 (x86 `quantize_row_q8_0`),
+        // not the reference one: the multiplier is 127/max rather than 1/(max/127), and
+        // it rounds half to even. The difference decides real models' greedy ties.
+        GgmlType::Q8_0 | GgmlType::Q8_1 => {
+            for block in x.chunks_mut(32) {
+                let max = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = half::f16::from_f32(max / 127.0).to_f32();
+                let id = if max != 0.0 { 127.0 / max } else { 0.0 };
+                for v in block.iter_mut() {
+                    *v = (*v * id).round_ties_even() * d;
+                }
+            }
+        }
+        vt => {
+            for row in x.chunks_mut(cols) {
+                // Non-finite activations cannot be quantised; leave them (the output shows it).
+                if let Ok(q) = quantize(vt, row) {
+                    let _ = dequantize(vt, &q, row);
+                }
+            }
         }
     }
 }

@@ -6,7 +6,7 @@
 use crate::ModelArg;
 use crate::session;
 use anyhow::{Context, bail};
-use llamay_engine::BatchToken;
+use llamay_engine::{BatchToken, KvPrecision};
 use llamay_gguf::MappedModel;
 use std::io::Write;
 use std::path::PathBuf;
@@ -26,6 +26,9 @@ pub struct Args {
     chunks: Option<usize>,
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// KV cache precision: f32 (exact) or f16 (llama.cpp's default numerics).
+    #[arg(long, default_value = "f32")]
+    kv: String,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -40,6 +43,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.chunks == Some(0) {
         bail!("--chunks 0: score at least one chunk");
     }
+    let Some(kv) = KvPrecision::parse(&args.kv) else {
+        bail!("--kv {}: use f32 or f16", args.kv);
+    };
     let text =
         std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let threads = session::threads(args.threads)?;
@@ -69,7 +75,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     for i in 0..n_chunk {
         let chunk = &tokens[i * n_ctx..(i + 1) * n_ctx];
-        let mut caches = vec![model.new_cache(n_ctx)];
+        let mut caches = vec![model.new_cache_with(n_ctx, kv)];
         let batch: Vec<BatchToken> = chunk
             .iter()
             .enumerate()

@@ -4,7 +4,7 @@ use crate::ModelArg;
 use crate::session;
 use anyhow::{Context, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
-use llamay_engine::{BatchToken, KvCache, Model};
+use llamay_engine::{BatchToken, KvCache, KvPrecision, Model};
 use llamay_gguf::MappedModel;
 use llamay_template::{ChatTemplate, Message};
 use llamay_tokenizer::Tokenizer;
@@ -45,7 +45,7 @@ pub struct Args {
     /// Context size (0: the model's training context).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
-    /// KV cache precision.
+    /// KV cache precision: f32 (exact) or f16 (llama.cpp's default numerics).
     #[arg(long, default_value = "f32")]
     kv: String,
     /// Do not wrap the prompt in the model's chat template.
@@ -69,12 +69,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             args.n_predict
         );
     }
-    if args.kv != "f32" {
+    let Some(kv) = KvPrecision::parse(&args.kv) else {
         bail!(
-            "--kv {}: this build has the exact f32 KV cache only (vq8 and q8 come with the KV-cache work)",
+            "--kv {}: this build has f32 (exact, the default) and f16 (llama.cpp's default numerics); vq8 and q8 come with the KV-cache work",
             args.kv
         );
-    }
+    };
     let params = SamplerParams {
         temperature: args.temp,
         top_k: args.top_k,
@@ -133,7 +133,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     let load_s = t_load.elapsed().as_secs_f64();
-    generate(&model, &tok, &ids, n_ctx, args, params, load_s)
+    generate(&model, &tok, &ids, n_ctx, kv, args, params, load_s)
 }
 
 fn generate(
@@ -141,11 +141,12 @@ fn generate(
     tok: &Tokenizer,
     prompt: &[u32],
     n_ctx: usize,
+    kv: KvPrecision,
     args: &Args,
     params: SamplerParams,
     load_s: f64,
 ) -> anyhow::Result<()> {
-    let mut caches: Vec<KvCache> = vec![model.new_cache(n_ctx)];
+    let mut caches: Vec<KvCache> = vec![model.new_cache_with(n_ctx, kv)];
     let t_prompt = Instant::now();
     let mut logits = Vec::new();
     for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
