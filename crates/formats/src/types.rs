@@ -151,7 +151,8 @@ impl GgmlType {
         match self {
             Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Q8_0,
             Q4_1 | Q5_1 | Q8_1 => Q8_1,
-            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => Q8_K,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS
+            | IQ3_S | IQ4_XS => Q8_K,
             F16 => F16,
             BF16 => BF16,
             _ => F32,
