@@ -76,7 +76,7 @@ impl Bpe {
         let n_vocab = t.tokens.len() as u32;
         let mut extra: FxMap<Box<[u8]>, u32> = FxMap::default();
         let intern = |s: &[u8], extra: &mut FxMap<Box<[u8]>, u32>| -> u32 {
-            if let Some(&id) = t.token_to_id.get(s) {
+            if let Some(id) = t.text_to_token(s) {
                 return id;
             }
             let next = n_vocab + extra.len() as u32;
@@ -110,18 +110,14 @@ impl Bpe {
             let mut s = Vec::new();
             unicode::push_utf8(&mut s, table[b]);
             byte_sym[b] = t
-                .token_to_id
-                .get(s.as_slice())
-                .copied()
+                .text_to_token(&s)
                 .or_else(|| extra.get(s.as_slice()).copied())
                 .unwrap_or(NONE);
             byte_chars.push(s);
             fallback[b] = if byte_encode {
-                t.token_to_id.get(&[b as u8][..]).copied()
+                t.text_to_token(&[b as u8])
             } else {
-                t.token_to_id
-                    .get(format!("<0x{b:02X}>").as_bytes())
-                    .copied()
+                t.text_to_token(format!("<0x{b:02X}>").as_bytes())
             };
         }
         Bpe {
@@ -137,10 +133,21 @@ impl Bpe {
         }
     }
 
+    /// Approximate: hashbrown holds one control byte per bucket.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let extra: usize = self.extra.keys().map(|k| k.len() + 16).sum();
+        (self.extra.capacity() * 21)
+            + extra
+            + self.merges.capacity() * 17
+            + self
+                .byte_chars
+                .iter()
+                .map(|c| c.capacity() + 24)
+                .sum::<usize>()
+    }
+
     fn sym_of(&self, t: &Tokenizer, s: &[u8]) -> u32 {
-        t.token_to_id
-            .get(s)
-            .copied()
+        t.text_to_token(s)
             .or_else(|| self.extra.get(s).copied())
             .unwrap_or(NONE)
     }
@@ -195,7 +202,7 @@ impl Bpe {
             let whole = if self.ignore_merges
                 || (self.newline_words_whole && sc.word.iter().all(|&b| b == b'\n'))
             {
-                t.token_to_id.get(sc.word.as_slice()).copied()
+                t.text_to_token(&sc.word)
             } else {
                 None
             };

@@ -10,6 +10,7 @@ mod pretok;
 mod rules;
 mod special;
 mod spm;
+mod strtab;
 mod unicode;
 mod unicode_data;
 mod vocab;
@@ -20,7 +21,7 @@ pub use rules::KNOWN_PRE;
 pub use vocab::{TokenType, attr};
 
 use std::collections::BTreeSet;
-use vocab::FxMap;
+use strtab::{PieceTable, StrTable, TokenIndex};
 
 /// Errors from loading a vocabulary or decoding ids.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -72,10 +73,11 @@ pub struct Tokenizer {
     pre: String,
     pre_known: bool,
     rule_name: &'static str,
-    tokens: Vec<Box<[u8]>>,
+    tokens: StrTable,
     scores: Vec<f32>,
     attrs: Vec<u32>,
-    token_to_id: FxMap<Box<[u8]>, u32>,
+    /// Text -> id (ids only; texts are looked up in `tokens`).
+    token_to_id: TokenIndex,
     special: SpecialIds,
     eog: BTreeSet<u32>,
     add_bos: bool,
@@ -92,7 +94,7 @@ pub struct Tokenizer {
     special_cache: Vec<u32>,
     special_finder: Option<special::Finder>,
     /// `token_to_piece(id, special = true)` for every id.
-    pieces: Vec<Box<[u8]>>,
+    pieces: PieceTable,
     bpe: Option<bpe::Bpe>,
     /// SPM: byte -> token (`<0xXX>` or the 1-byte string).
     spm_bytes: [Option<u32>; 256],
@@ -146,6 +148,20 @@ impl Tokenizer {
     pub fn n_vocab(&self) -> usize {
         self.tokens.len()
     }
+    /// Approximate heap bytes held by the vocabulary tables (texts, the text -> id
+    /// index, pieces, scores, attributes, the special-token matcher, BPE merges);
+    /// excludes the pre-tokenizer's regexes.
+    pub fn heap_bytes(&self) -> usize {
+        self.tokens.heap_bytes()
+            + self.token_to_id.heap_bytes()
+            + self.pieces.heap_bytes()
+            + 4 * (self.scores.capacity() + self.attrs.capacity() + self.special_cache.capacity())
+            + self
+                .special_finder
+                .as_ref()
+                .map_or(0, special::Finder::heap_bytes)
+            + self.bpe.as_ref().map_or(0, bpe::Bpe::heap_bytes)
+    }
     pub fn special_ids(&self) -> &SpecialIds {
         &self.special
     }
@@ -196,7 +212,7 @@ impl Tokenizer {
     }
     /// The id of a token with exactly this text.
     pub fn text_to_token(&self, text: &[u8]) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.token_to_id.get(&self.tokens, text)
     }
 
     fn check(&self, id: u32) -> Result<(), TokenizerError> {
@@ -300,7 +316,7 @@ impl Tokenizer {
         if !special && a & (attr::UNKNOWN | attr::CONTROL) != 0 {
             return Ok(&[]);
         }
-        Ok(&self.pieces[id as usize])
+        Ok(self.pieces.get(&self.tokens, id as usize))
     }
 
     /// llama.cpp `llama_detokenize(remove_special = false, unparse_special =

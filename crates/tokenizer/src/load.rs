@@ -3,7 +3,8 @@
 
 use crate::bpe::Bpe;
 use crate::pretok::PreTokenizer;
-use crate::vocab::{FxMap, TokenType, attr};
+use crate::strtab::{PieceTable, StrTable, TokenIndex};
+use crate::vocab::{TokenType, attr};
 use crate::{Kind, SpecialIds, Tokenizer, TokenizerError, decode, rules, special};
 use llamay_gguf::{Metadata, Value, ValueType};
 use std::collections::BTreeSet;
@@ -126,19 +127,23 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
     if n > i32::MAX as usize {
         return Err(merr("tokenizer.ggml.tokens has more than 2^31-1 entries"));
     }
-    let mut tokens: Vec<Box<[u8]>> = Vec::with_capacity(n);
+    let n_bytes: usize = strs.iter().map(|s| s.as_bytes().len()).sum();
+    let mut tokens = StrTable::with_capacity(n, n_bytes);
     let mut max_token_len = 0;
     for (i, s) in strs.iter().enumerate() {
         let b = s.as_bytes();
-        let t: Box<[u8]> = if b.is_empty() {
+        let pushed = if b.is_empty() {
             warnings.push(format!("empty token at index {i}"));
-            format!("[EMPTY_{i}]").into_bytes().into()
+            let t = format!("[EMPTY_{i}]");
+            max_token_len = max_token_len.max(t.len());
+            tokens.push(t.as_bytes())
         } else {
-            b.into()
+            max_token_len = max_token_len.max(b.len());
+            tokens.push(b)
         };
-        max_token_len = max_token_len.max(t.len());
-        tokens.push(t);
+        pushed.ok_or_else(|| merr("tokenizer.ggml.tokens holds more than 4 GiB of text"))?;
     }
+    tokens.shrink_to_fit();
     let mut scores = vec![0f32; n];
     if let Some(a) = md
         .get_array("tokenizer.ggml.scores")
@@ -195,10 +200,9 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
             )));
         }
     }
-    let mut token_to_id: FxMap<Box<[u8]>, u32> = FxMap::default();
-    token_to_id.reserve(n);
+    let mut token_to_id = TokenIndex::with_ids_below(n);
     for (i, t) in tokens.iter().enumerate() {
-        if token_to_id.insert(t.clone(), i as u32).is_some() {
+        if token_to_id.insert(&tokens, i as u32).is_err() {
             return Err(merr(format!(
                 "duplicate token text {:?} (id {i}); llama.cpp refuses such a vocabulary too",
                 String::from_utf8_lossy(t)
@@ -372,7 +376,7 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
     let find = |texts: &[&str]| -> Option<u32> {
         texts
             .iter()
-            .filter_map(|s| token_to_id.get(s.as_bytes()).copied())
+            .filter_map(|s| token_to_id.get(&tokens, s.as_bytes()))
             .min()
     };
     let mark_control = |id: u32, attrs: &mut Vec<u32>, warnings: &mut Vec<String>| {
@@ -416,13 +420,13 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
     eog.extend(special.fim_rep);
     eog.extend(special.fim_sep);
     for s in EOG_TEXTS {
-        if let Some(&id) = token_to_id.get(s.as_bytes()) {
+        if let Some(id) = token_to_id.get(&tokens, s.as_bytes()) {
             eog.insert(id);
             mark_control(id, &mut attrs, &mut warnings);
         }
     }
     for s in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-        if let Some(&id) = token_to_id.get(s.as_bytes()) {
+        if let Some(id) = token_to_id.get(&tokens, s.as_bytes()) {
             attrs[id as usize] = attr::USER_DEFINED;
         }
     }
@@ -472,9 +476,8 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
     if kind == Kind::Spm {
         for (b, slot) in spm_bytes.iter_mut().enumerate() {
             *slot = token_to_id
-                .get(format!("<0x{b:02X}>").as_bytes())
-                .or_else(|| token_to_id.get(&[b as u8][..]))
-                .copied();
+                .get(&tokens, format!("<0x{b:02X}>").as_bytes())
+                .or_else(|| token_to_id.get(&tokens, &[b as u8]));
         }
     }
 
@@ -502,14 +505,12 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
         max_token_len,
         special_cache,
         special_finder: None,
-        pieces: Vec::new(),
+        pieces: PieceTable::default(),
         bpe: None,
         spm_bytes,
         warnings,
     };
-    t.pieces = (0..n)
-        .map(|i| decode::piece_for_cache(&t, i).into())
-        .collect();
+    t.pieces = PieceTable::build(&t.tokens, |i| decode::piece_for_cache(&t, i));
 
     // ---- per-model attribute fix-ups (after the piece cache, as llama.cpp)
     let model_name = str_key("general.name")?.unwrap_or("").to_lowercase();
@@ -520,23 +521,23 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
         &["jina-v2-de", "jina-v2-es", "jina-v2-code", "mmbert"],
     ) || contains_any(arch, &["nomic-bert-moe", "jina-bert-v3"])
     {
-        if let Some(&id) = t.token_to_id.get(&b"<mask>"[..]) {
+        if let Some(id) = t.text_to_token(b"<mask>") {
             t.attrs[id as usize] |= attr::LSTRIP;
         }
     } else if contains_any(&model_name, &["phi-3", "phi3"]) {
         for &id in &t.special_cache {
             t.attrs[id as usize] |= attr::RSTRIP;
         }
-        if let Some(&id) = t.token_to_id.get(&b"</s>"[..]) {
+        if let Some(id) = t.text_to_token(b"</s>") {
             t.attrs[id as usize] |= attr::RSTRIP;
         }
         for s in ["<unk>", "<s>", "<|endoftext|>"] {
-            if let Some(&id) = t.token_to_id.get(s.as_bytes()) {
+            if let Some(id) = t.text_to_token(s.as_bytes()) {
                 t.attrs[id as usize] &= !attr::RSTRIP;
             }
         }
     } else if contains_any(&model_name, &["modern-bert"])
-        && let Some(&id) = t.token_to_id.get(&b"[MASK]"[..])
+        && let Some(id) = t.text_to_token(b"[MASK]")
     {
         t.attrs[id as usize] |= attr::LSTRIP;
     }

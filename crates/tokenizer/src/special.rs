@@ -29,7 +29,7 @@ impl Finder {
         for (i, &id) in t.special_cache.iter().enumerate() {
             let text = &t.tokens[id as usize];
             if !text.is_empty() {
-                pats.push(text.as_ref());
+                pats.push(text);
                 order.push(i);
             }
         }
@@ -41,6 +41,10 @@ impl Finder {
             .build(&pats)
             .ok()?;
         Some(Finder { ac, order })
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.ac.memory_usage() + 8 * self.order.capacity()
     }
 }
 
@@ -77,7 +81,7 @@ pub(crate) fn partition(t: &Tokenizer, text: &[u8], parse_special: bool) -> Vec<
             continue;
         }
         let tok = &t.tokens[id as usize];
-        let finder = memchr::memmem::Finder::new(tok.as_ref());
+        let finder = memchr::memmem::Finder::new(tok);
         let mut next = Vec::with_capacity(frags.len() + 2);
         for f in frags.drain(..) {
             let Frag::Text(mut off, end) = f else {

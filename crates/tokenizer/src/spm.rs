@@ -65,7 +65,7 @@ pub(crate) fn tokenize(t: &Tokenizer, text: &[u8], out: &mut Vec<u32>) {
         }
         let (l, r) = (syms[left as usize], syms[right as usize]);
         let s = &text[l.start..l.start + l.n + r.n];
-        if let Some(&id) = t.token_to_id.get(s) {
+        if let Some(id) = t.text_to_token(s) {
             heap.push(Bigram {
                 left,
                 right,
@@ -100,8 +100,8 @@ pub(crate) fn tokenize(t: &Tokenizer, text: &[u8], out: &mut Vec<u32>) {
     while i != -1 {
         let s = syms[i as usize];
         let piece = &text[s.start..s.start + s.n];
-        match t.token_to_id.get(piece) {
-            Some(&id) => out.push(id),
+        match t.text_to_token(piece) {
+            Some(id) => out.push(id),
             None => {
                 for &b in piece {
                     if let Some(id) = t.spm_bytes[b as usize].or(t.special.unk) {

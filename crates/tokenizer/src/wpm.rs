@@ -72,7 +72,7 @@ pub(crate) fn tokenize(t: &Tokenizer, text: &[u8], out: &mut Vec<u32>) {
             let mut matched = false;
             let mut j = n.min(i + t.max_token_len + 1);
             while j > i {
-                if let Some(&id) = t.token_to_id.get(&w1[i..j]) {
+                if let Some(id) = t.text_to_token(&w1[i..j]) {
                     out.push(id);
                     matched = true;
                     i = j - 1;
