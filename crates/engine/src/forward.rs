@@ -4,9 +4,10 @@
 use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
 use crate::kv::KvCache;
 use crate::ops::{add_bias, gelu, layer_norm, rms_norm, rope, silu, softmax};
-use crate::tensor::{Threads, matmul, parallel_ranges, round_activations};
+use crate::tensor::{matmul, parallel_ranges};
 use crate::weights::{Linear, Norm};
 use crate::{DecodeError, Model};
+use llamay_kernels::ThreadPool;
 
 /// One token of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,11 +59,8 @@ fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize) {
 }
 
 /// `y = W x + b` for `n` rows of input.
-fn linear(l: &Linear<'_>, x: &[f32], n: usize, threads: Threads) -> Vec<f32> {
-    let mut xr = x.to_vec();
-    round_activations(l.w.ty, &mut xr, l.w.cols);
-    let mut out = vec![0f32; n * l.w.rows];
-    matmul(&l.w, &xr, n, &mut out, threads);
+fn linear(l: &Linear<'_>, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<f32> {
+    let mut out = matmul(&l.w, x, n, pool);
     add_bias(&mut out, l.b.as_ref(), l.w.rows);
     out
 }
@@ -121,7 +119,7 @@ impl Model<'_> {
 
         let e = cfg.n_embd;
         let arch = cfg.arch;
-        let threads = self.threads;
+        let threads = &self.pool;
         let mut x = vec![0f32; n * e];
         let mut tmp = vec![0f32; e];
         for (t, bt) in batch.iter().enumerate() {
@@ -256,7 +254,7 @@ impl Model<'_> {
     }
 
     fn ffn(&self, layer: &crate::weights::Layer<'_>, h: &[f32], n: usize) -> Vec<f32> {
-        let threads = self.threads;
+        let threads = &self.pool;
         let mut up = linear(&layer.ffn_up, h, n, threads);
         match self.config.arch.ffn {
             FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu => {
@@ -292,7 +290,7 @@ impl Model<'_> {
         let (hk, hv) = (cfg.head_dim_k, cfg.head_dim_v);
         let group = cfg.n_head / cfg.n_head_kv;
         let n_work = batch.len() * cfg.n_head;
-        let parts = parallel_ranges(n_work, self.threads, |range| {
+        let parts = parallel_ranges(n_work, &self.pool, |range| {
             let mut out = vec![0f32; range.len() * hv];
             let mut scores = Vec::new();
             let mut qbuf = vec![0f32; hk];

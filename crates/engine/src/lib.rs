@@ -85,6 +85,8 @@ pub struct Model<'a> {
     pub config: Config,
     weights: weights::Weights<'a>,
     threads: Threads,
+    /// The compute threads (persistent; the caller participates).
+    pool: llamay_kernels::ThreadPool,
 }
 
 fn works() -> String {
@@ -142,10 +144,12 @@ impl<'a> Model<'a> {
         }
         let config = Config::from_gguf(arch, gguf)?;
         let weights = weights::Weights::bind(&config, gguf)?;
+        let pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
         Ok(Model {
             config,
             weights,
             threads,
+            pool,
         })
     }
 
@@ -165,5 +169,6 @@ impl<'a> Model<'a> {
 
     pub fn set_threads(&mut self, threads: Threads) {
         self.threads = threads;
+        self.pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
     }
 }

@@ -6,9 +6,11 @@
 //! the dot product, and products accumulate in f32.
 
 use crate::LoadError;
-use llamay_formats::{GgmlType, dequantize, quantize};
+use llamay_formats::{GgmlType, dequantize};
 use llamay_gguf::TensorInfo;
+use llamay_kernels::ThreadPool;
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// A 2-D weight borrowed from the mapping: `rows` outputs of `cols` inputs each.
 #[derive(Clone, Copy, Debug)]
@@ -71,184 +73,43 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// Rounds each row of `x` (rows of `cols`) through `ty`'s vec_dot type, as llama.cpp's
-/// CPU backend quantises the activation before the dot product.
-pub fn round_activations(ty: GgmlType, x: &mut [f32], cols: usize) {
-    match ty.vec_dot_type() {
-        GgmlType::F32 => {}
-        // ggml-cpu's own activation quantiser for Q8_0/Q8_1 (x86 `quantize_row_q8_0`),
-        // not the reference one: the multiplier is 127/max rather than 1/(max/127), and
-        // it rounds half to even. The difference decides real models' greedy ties.
-        GgmlType::Q8_0 | GgmlType::Q8_1 => {
-            for block in x.chunks_mut(32) {
-                let max = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let d = half::f16::from_f32(max / 127.0).to_f32();
-                let id = if max != 0.0 { 127.0 / max } else { 0.0 };
-                for v in block.iter_mut() {
-                    *v = (*v * id).round_ties_even() * d;
-                }
-            }
-        }
-        vt => {
-            for row in x.chunks_mut(cols) {
-                // Non-finite activations cannot be quantised; leave them (the output shows it).
-                if let Ok(q) = quantize(vt, row) {
-                    let _ = dequantize(vt, &q, row);
-                }
-            }
-        }
-    }
-}
-
 /// How many threads compute; one per physical core by default.
 #[derive(Clone, Copy, Debug)]
 pub struct Threads(pub usize);
 
-/// Runs `f` over `n` items split into contiguous ranges, one per thread; results in
-/// range order.
+/// Runs `f` over `n` items split into contiguous ranges, one per pool thread; results
+/// in range order.
 pub fn parallel_ranges<T: Send>(
     n: usize,
-    threads: Threads,
+    pool: &ThreadPool,
     f: impl Fn(Range<usize>) -> T + Sync,
 ) -> Vec<T> {
-    let t = threads.0.clamp(1, n.max(1));
+    let t = pool.n_threads().clamp(1, n.max(1));
     if t == 1 {
         return vec![f(0..n)];
     }
     let per = n.div_ceil(t);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..t)
-            .map(|i| {
-                let range = (i * per).min(n)..((i + 1) * per).min(n);
-                let f = &f;
-                s.spawn(move || f(range))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
-}
-
-/// The portable dot product: eight independent accumulators in a fixed order.
-fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for i in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[i * 8 + l] * b[i * 8 + l];
+    let results: Vec<Mutex<Option<T>>> = (0..t).map(|_| Mutex::new(None)).collect();
+    pool.run(t, |i| {
+        let out = f((i * per).min(n)..((i + 1) * per).min(n));
+        if let Ok(mut slot) = results[i].lock() {
+            *slot = Some(out);
         }
-    }
-    let mut tail = 0f32;
-    for i in chunks * 8..a.len() {
-        tail += a[i] * b[i];
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
-/// AVX2+FMA dot product: two 8-lane accumulators with fused multiply-adds.
-///
-/// # Safety
-/// The caller must have checked that the CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut i = 0;
-    // SAFETY: every load reads 8 floats at offsets i..i+8 <= n of both slices.
-    unsafe {
-        while i + 16 <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(pa.add(i + 8)),
-                _mm256_loadu_ps(pb.add(i + 8)),
-                acc1,
-            );
-            i += 16;
-        }
-        if i + 8 <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
-            i += 8;
-        }
-    }
-    let mut lanes = [0f32; 8];
-    // SAFETY: `lanes` has room for 8 floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0, acc1)) };
-    let mut sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
-        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for j in i..n {
-        sum += a[j] * b[j];
-    }
-    sum
-}
-
-/// Whether the AVX2 path may run: detected once; `LLAMAY_BACKEND=portable` forces the
-/// reference path.
-fn use_avx2() -> bool {
-    use std::sync::OnceLock;
-    static USE: OnceLock<bool> = OnceLock::new();
-    *USE.get_or_init(|| {
-        if std::env::var("LLAMAY_BACKEND").is_ok_and(|v| v == "portable") {
-            return false;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
-/// The kernel set `dot` uses, for `llamay version`.
-pub fn kernel_set() -> &'static str {
-    if use_avx2() {
-        "avx2+fma (f32 dot); portable dequantisation"
-    } else {
-        "portable"
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: use_avx2() checked AVX2 and FMA at run time.
-        return unsafe { dot_avx2(a, b) };
-    }
-    dot_portable(a, b)
-}
-
-/// `out[t][r] = W[r] · x[t]` for `n` tokens. `x` holds `n × W.cols` values already
-/// passed through [`round_activations`]; `out` has room for `n × W.rows`.
-pub fn matmul(w: &Matrix<'_>, x: &[f32], n: usize, out: &mut [f32], threads: Threads) {
-    debug_assert_eq!(x.len(), n * w.cols);
-    debug_assert_eq!(out.len(), n * w.rows);
-    let parts = parallel_ranges(w.rows, threads, |rows| {
-        let mut buf = vec![0f32; w.cols];
-        let mut part = vec![0f32; rows.len() * n];
-        for (i, r) in rows.clone().enumerate() {
-            w.dequant_row(r, &mut buf);
-            for t in 0..n {
-                part[i * n + t] = dot(&buf, &x[t * w.cols..(t + 1) * w.cols]);
-            }
-        }
-        (rows, part)
     });
-    for (rows, part) in parts {
-        for (i, r) in rows.enumerate() {
-            for t in 0..n {
-                out[t * w.rows + r] = part[i * n + t];
-            }
-        }
-    }
+    results
+        .into_iter()
+        .filter_map(|m| m.into_inner().ok().flatten())
+        .collect()
+}
+
+/// `y = W x` for `n` rows of `x` (`n × W.cols`): the activation is quantised once to the
+/// weight's dot type (as llama.cpp's CPU backend does), then the kernels' matmul runs.
+/// Returns `n × W.rows` values.
+pub fn matmul(w: &Matrix<'_>, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<f32> {
+    let a = llamay_kernels::quantize_rows(w.ty.vec_dot_type(), x, w.cols, pool);
+    let mut out = vec![0f32; n * w.rows];
+    llamay_kernels::matmul(w.ty, w.data, w.rows, w.cols, &a, &mut out, pool);
+    out
 }
 
 /// A 1-D weight (norm scale, bias), dequantised to f32 at load: small and read often.
@@ -263,36 +124,4 @@ pub fn vector(t: &TensorInfo<'_>, len: usize) -> Result<Vec<f32>, LoadError> {
     dequantize(t.ty, t.data, &mut v)
         .map_err(|e| LoadError::Unsupported(format!("tensor '{}': {e}", t.name)))?;
     Ok(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn simd_dot_matches_portable() {
-        let mut seed = 1u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
-        for n in [0usize, 1, 7, 8, 15, 16, 17, 33, 640, 2048, 2051] {
-            let a: Vec<f32> = (0..n).map(|_| next()).collect();
-            let b: Vec<f32> = (0..n).map(|_| next()).collect();
-            let exact: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| f64::from(*x) * f64::from(*y))
-                .sum();
-            let bound = 1e-5 * (n as f64).max(1.0).sqrt();
-            assert!(
-                (f64::from(dot_portable(&a, &b)) - exact).abs() < bound,
-                "portable n={n}"
-            );
-            assert!(
-                (f64::from(dot(&a, &b)) - exact).abs() < bound,
-                "dispatched n={n}"
-            );
-        }
-    }
 }

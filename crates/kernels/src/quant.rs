@@ -1,7 +1,9 @@
-//! Activation quantisers: f32 rows to the vec_dot types, byte-identical to
-//! `llamay_formats::quantize` (llama.cpp's `quantize_row_*_ref`) for finite input, but
-//! without allocation and without the finiteness check (a non-finite activation gives
-//! the same garbage C gives; it does not panic).
+//! Activation quantisers: f32 rows to the vec_dot types, as llama.cpp's CPU backend
+//! computes them (its `from_float`): Q8_K, F16, BF16 are the reference quantisers
+//! (byte-identical to `llamay_formats::quantize`); Q8_0 and Q8_1 follow ggml-cpu's x86
+//! versions, which differ from the reference in the multiplier and the rounding. No
+//! allocation, no finiteness check (a non-finite activation gives the same garbage C
+//! gives; it does not panic).
 
 /// C's float-to-int conversion as x86-64 does it (`INT_MIN` for NaN / out of range).
 #[inline]
@@ -35,29 +37,36 @@ fn absmax(x: &[f32]) -> f32 {
         .fold(0.0f32, |m, v| if m > v.abs() { m } else { v.abs() })
 }
 
+/// Q8_0 as ggml-cpu's x86 `quantize_row_q8_0` computes it (what llama.cpp's CPU
+/// backend feeds its dot products), not the reference quantiser: the multiplier is
+/// 127/amax rather than 1/(amax/127), and values round half to even.
 pub(crate) fn q8_0(x: &[f32], out: &mut [u8]) {
     for (x, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
-        let d = absmax(x) / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let max = absmax(x);
+        let d = max / 127.0;
+        let id = if max != 0.0 { 127.0 / max } else { 0.0 };
         b[0..2].copy_from_slice(&f16_bits(d));
         for (o, &v) in b[2..].iter_mut().zip(x) {
-            *o = c_trunc((v * id).round()) as u8;
+            *o = c_trunc((v * id).round_ties_even()) as u8;
         }
     }
 }
 
+/// Q8_1 as ggml-cpu's x86 `quantize_row_q8_1` computes it (see [`q8_0`]); `s` is
+/// f16(d · Σq).
 pub(crate) fn q8_1(x: &[f32], out: &mut [u8]) {
     for (x, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(36)) {
-        let d = absmax(x) / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let max = absmax(x);
+        let d = max / 127.0;
+        let id = if max != 0.0 { 127.0 / max } else { 0.0 };
         b[0..2].copy_from_slice(&f16_bits(d));
         let mut sum = 0i32;
         for (o, &v) in b[4..].iter_mut().zip(x) {
-            let q = c_trunc((v * id).round()) as i8;
+            let q = c_trunc((v * id).round_ties_even()) as i8;
             *o = q as u8;
             sum += q as i32;
         }
-        b[2..4].copy_from_slice(&f16_bits(sum as f32 * d));
+        b[2..4].copy_from_slice(&f16_bits(d * sum as f32));
     }
 }
 

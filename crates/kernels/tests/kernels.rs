@@ -211,7 +211,7 @@ proptest! {
     }
 
     #[test]
-    fn quantize_rows_equals_formats(seed in any::<u64>(), nb in 1usize..4, n in 1usize..5) {
+    fn quantize_rows_equals_llama_cpp_cpu(seed in any::<u64>(), nb in 1usize..4, n in 1usize..5) {
         let pool = ThreadPool::new(3);
         let mut rng = Rng(seed | 1);
         for ty in [Q8_0, Q8_1, Q8_K, F16, BF16, F32] {
@@ -220,7 +220,11 @@ proptest! {
             if seed % 3 == 0 { x[..cols].fill(0.0); }
             let q = quantize_rows(ty, &x, cols, &pool);
             prop_assert_eq!(q.n, n);
-            prop_assert_eq!(&q.data, &llamay_formats::quantize(ty, &x).unwrap(), "{}", ty);
+            let want = match ty {
+                Q8_0 | Q8_1 => x86_q8(ty, &x),
+                _ => llamay_formats::quantize(ty, &x).unwrap(),
+            };
+            prop_assert_eq!(&q.data, &want, "{}", ty);
         }
     }
 }
@@ -253,7 +257,12 @@ fn large_quantised_activation_rows_go_through_the_pool() {
     let x = random_f32(40 * cols, &mut rng);
     for ty in [Q8_0, Q8_1, Q8_K] {
         let q = quantize_rows(ty, &x, cols, &pool);
-        assert_eq!(q.data, llamay_formats::quantize(ty, &x).unwrap());
+        let want = if ty == Q8_K {
+            llamay_formats::quantize(ty, &x).unwrap()
+        } else {
+            x86_q8(ty, &x)
+        };
+        assert!(q.data == want, "{ty}");
     }
 }
 
@@ -338,4 +347,26 @@ fn matmul_shape_mismatch_fills_nan() {
 fn kernel_set_is_named() {
     assert!(["portable", "avx2", "avx512vnni"].contains(&kernel_set()));
     assert!(KernelSet::Portable.is_available());
+}
+
+/// ggml-cpu's x86 `quantize_row_q8_0` / `quantize_row_q8_1`, written out independently:
+/// d = amax/127 stored as f16, q = round-half-even(x * (127/amax)), s = f16(d * Σq).
+fn x86_q8(ty: llamay_formats::GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let q: Vec<i8> = block
+            .iter()
+            .map(|v| (v * id).round_ties_even() as i8)
+            .collect();
+        out.extend(half::f16::from_f32(d).to_le_bytes());
+        if ty == Q8_1 {
+            let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+            out.extend(half::f16::from_f32(d * sum as f32).to_le_bytes());
+        }
+        out.extend(q.iter().map(|&v| v as u8));
+    }
+    out
 }

@@ -59,7 +59,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let archs: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name).collect();
     let target = format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS);
     let features = cpu_features();
-    let kernels = llamay_engine::tensor::kernel_set();
+    let kernels = llamay_kernels::kernel_set();
     let mut w = out::stdout();
     if args.json {
         let doc = json!({
