@@ -7,7 +7,7 @@ use crate::{Kind, Tokenizer, TokenizerError, unicode};
 /// `token_to_piece(id, special = true)` for the piece cache.
 pub(crate) fn piece_for_cache(t: &Tokenizer, id: usize) -> Vec<u8> {
     let text = &t.tokens[id];
-    let a = t.attrs[id];
+    let a = t.attrs[id] as u32;
     if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
         return text.to_vec();
     }

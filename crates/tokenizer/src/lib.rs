@@ -75,7 +75,8 @@ pub struct Tokenizer {
     rule_name: &'static str,
     tokens: StrTable,
     scores: Vec<f32>,
-    attrs: Vec<u32>,
+    /// `attr` bits; all fit in 16 (see `vocab::attr`).
+    attrs: Vec<u16>,
     /// Text -> id (ids only; texts are looked up in `tokens`).
     token_to_id: TokenIndex,
     special: SpecialIds,
@@ -155,7 +156,8 @@ impl Tokenizer {
         self.tokens.heap_bytes()
             + self.token_to_id.heap_bytes()
             + self.pieces.heap_bytes()
-            + 4 * (self.scores.capacity() + self.attrs.capacity() + self.special_cache.capacity())
+            + 4 * (self.scores.capacity() + self.special_cache.capacity())
+            + 2 * self.attrs.capacity()
             + self
                 .special_finder
                 .as_ref()
@@ -204,7 +206,7 @@ impl Tokenizer {
     }
     pub fn token_attr(&self, id: u32) -> Result<u32, TokenizerError> {
         self.check(id)?;
-        Ok(self.attrs[id as usize])
+        Ok(self.attrs[id as usize] as u32)
     }
     pub fn token_score(&self, id: u32) -> Result<f32, TokenizerError> {
         self.check(id)?;
@@ -312,7 +314,7 @@ impl Tokenizer {
     /// `special`: render control/unknown tokens (otherwise they are empty).
     pub fn token_to_piece(&self, id: u32, special: bool) -> Result<&[u8], TokenizerError> {
         self.check(id)?;
-        let a = self.attrs[id as usize];
+        let a = self.attrs[id as usize] as u32;
         if !special && a & (attr::UNKNOWN | attr::CONTROL) != 0 {
             return Ok(&[]);
         }

@@ -95,6 +95,12 @@ const EOG_TEXTS: &[&str] = &[
     "[e~[",
 ];
 
+/// Attribute bits as the tokenizer stores them (all `attr` bits are below 1 << 16).
+fn narrow_attr(a: u32) -> u16 {
+    const _: () = assert!(attr::RSTRIP < 1 << 16);
+    a as u16
+}
+
 pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
     let str_key = |k: &str| md.get_str(k).map_err(|e| merr(e.to_string()));
     let model = str_key("tokenizer.ggml.model")?
@@ -489,7 +495,7 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
         rule_name,
         tokens,
         scores,
-        attrs,
+        attrs: attrs.into_iter().map(narrow_attr).collect(),
         token_to_id,
         special,
         eog,
@@ -522,24 +528,24 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
     ) || contains_any(arch, &["nomic-bert-moe", "jina-bert-v3"])
     {
         if let Some(id) = t.text_to_token(b"<mask>") {
-            t.attrs[id as usize] |= attr::LSTRIP;
+            t.attrs[id as usize] |= narrow_attr(attr::LSTRIP);
         }
     } else if contains_any(&model_name, &["phi-3", "phi3"]) {
         for &id in &t.special_cache {
-            t.attrs[id as usize] |= attr::RSTRIP;
+            t.attrs[id as usize] |= narrow_attr(attr::RSTRIP);
         }
         if let Some(id) = t.text_to_token(b"</s>") {
-            t.attrs[id as usize] |= attr::RSTRIP;
+            t.attrs[id as usize] |= narrow_attr(attr::RSTRIP);
         }
         for s in ["<unk>", "<s>", "<|endoftext|>"] {
             if let Some(id) = t.text_to_token(s.as_bytes()) {
-                t.attrs[id as usize] &= !attr::RSTRIP;
+                t.attrs[id as usize] &= !narrow_attr(attr::RSTRIP);
             }
         }
     } else if contains_any(&model_name, &["modern-bert"])
         && let Some(id) = t.text_to_token(b"[MASK]")
     {
-        t.attrs[id as usize] |= attr::LSTRIP;
+        t.attrs[id as usize] |= narrow_attr(attr::LSTRIP);
     }
 
     if let Some(rs) = bpe_rules {

@@ -76,7 +76,7 @@ pub(crate) fn partition(t: &Tokenizer, text: &[u8], parse_special: bool) -> Vec<
         if !present[ci] {
             continue;
         }
-        let a = t.attrs[id as usize];
+        let a = t.attrs[id as usize] as u32;
         if !parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
             continue;
         }

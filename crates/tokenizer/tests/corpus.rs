@@ -171,6 +171,27 @@ fn corpus_round_trip() {
     assert!(bad.is_empty(), "{} round trips failed", bad.len());
 }
 
+/// Every token's text maps back to its id (the vocabularies have no duplicates),
+/// and a 262k-token vocabulary's tables stay small (they were ~50 MB as boxed
+/// slices and a key-copying hash map).
+#[test]
+fn text_index_is_exact_and_tables_are_compact() {
+    for (name, path) in vocab_files() {
+        let t = load(&path);
+        for id in 0..t.n_vocab() as u32 {
+            let text = t.token_text(id).unwrap();
+            assert_eq!(t.text_to_token(text), Some(id), "{name}: token {id}");
+        }
+        assert_eq!(t.text_to_token(b"\xff no such token \xff"), None, "{name}");
+        if name == "gemma-3-270m" {
+            assert_eq!(t.n_vocab(), 262_144);
+            let mb = t.heap_bytes() as f64 / 1e6;
+            eprintln!("{name}: {mb:.1} MB of vocabulary tables");
+            assert!(mb < 11.0, "{name}: {mb:.1} MB");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
