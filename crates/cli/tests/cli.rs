@@ -110,6 +110,7 @@ fn info_json_contract() {
     assert_eq!(j["runnable"], false);
     assert!(j["refusal"].as_str().unwrap().contains("testarch"));
     assert!(j["unread"].as_array().unwrap().is_empty());
+    assert!(j["tokenizer"].is_null(), "the file has no tokenizer");
     let tensors = j["tensors"].as_array().unwrap();
     assert_eq!(tensors.len(), 5);
     let q8 = &tensors[3];
@@ -146,6 +147,66 @@ fn info_json_shortens_long_arrays_unless_asked() {
         full["refusal"],
         "the file holds no tensors and no general.architecture (a vocabulary-only file)"
     );
+}
+
+/// A vocabulary-only file: byte-level BPE with `model` and `pre`.
+fn write_vocab(path: &Path, model: &str, pre: &str) {
+    let mut w = GgufWriter::new();
+    w.add_kv("tokenizer.ggml.model", Value::String(model.into()))
+        .unwrap();
+    w.add_kv("tokenizer.ggml.pre", Value::String(pre.into()))
+        .unwrap();
+    let tokens = ["a", "b", "ab"].map(Into::into).to_vec();
+    w.add_kv(
+        "tokenizer.ggml.tokens",
+        Value::Array(llamay_gguf::Array::strings(tokens)),
+    )
+    .unwrap();
+    w.add_kv(
+        "tokenizer.ggml.merges",
+        Value::Array(llamay_gguf::Array::strings(vec!["a b".into()])),
+    )
+    .unwrap();
+    let mut f = std::fs::File::create(path).unwrap();
+    w.write(&mut f, |_| unreachable!()).unwrap();
+}
+
+#[test]
+fn info_reports_the_loaded_tokenizer() {
+    let path = temp("vocab-guessed.gguf");
+    write_vocab(&path, "gpt2", "no-such-pre");
+    let p = path.to_str().unwrap();
+    let o = llamay(&["info", p]);
+    assert!(o.status.success());
+    let s = stdout(&o);
+    assert!(
+        s.contains("tokenizer       gpt2, 3 tokens, pre no-such-pre (llama3; GUESSED), 1 merges, chat template: no"),
+        "{s}"
+    );
+    let j: Json = serde_json::from_slice(&llamay(&["info", p, "--json"]).stdout).unwrap();
+    assert_eq!(
+        j["tokenizer"],
+        serde_json::json!({
+            "model": "gpt2",
+            "pre": "no-such-pre",
+            "pre_known": false,
+            "rule_set": "llama3",
+            "n_tokens": 3,
+        })
+    );
+    assert_eq!(j["runnable"], false);
+
+    // a tokenizer that does not load: null, and the text line shows the metadata
+    let bad = temp("vocab-bad.gguf");
+    write_vocab(&bad, "no-such-model", "x");
+    let b = bad.to_str().unwrap();
+    let s = stdout(&llamay(&["info", b]));
+    assert!(
+        s.contains("tokenizer       no-such-model, 3 tokens, pre x, 1 merges"),
+        "{s}"
+    );
+    let j: Json = serde_json::from_slice(&llamay(&["info", b, "--json"]).stdout).unwrap();
+    assert!(j["tokenizer"].is_null());
 }
 
 #[test]

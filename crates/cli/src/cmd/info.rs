@@ -150,6 +150,13 @@ fn json_doc(
         "runnable": verdict.runnable,
         "refusal": verdict.refusal,
         "unread": verdict.unread,
+        "tokenizer": verdict.tokenizer.as_ref().map(|t| json!({
+            "model": t.model,
+            "pre": t.pre,
+            "pre_known": t.pre_known,
+            "rule_set": t.rule_set,
+            "n_tokens": t.n_tokens,
+        })),
     })
 }
 
@@ -257,16 +264,31 @@ fn text(
     }
     let tok_model = md.get_str("tokenizer.ggml.model").ok().flatten();
     if let Some(tm) = tok_model {
-        let n = md
-            .get_array("tokenizer.ggml.tokens")
-            .ok()
-            .flatten()
-            .map_or(0, |a| a.len());
-        let pre = md
-            .get_str("tokenizer.ggml.pre")
-            .ok()
-            .flatten()
-            .unwrap_or("(none)");
+        // What the tokenizer loader made of the vocabulary; the raw metadata when it
+        // could not load it (`runnable` then says why).
+        let head = match &verdict.tokenizer {
+            Some(t) => format!(
+                "{}, {} tokens, pre {} ({}; {})",
+                t.model,
+                t.n_tokens,
+                if t.pre.is_empty() { "(none)" } else { &t.pre },
+                t.rule_set,
+                if t.pre_known { "known" } else { "GUESSED" }
+            ),
+            None => {
+                let n = md
+                    .get_array("tokenizer.ggml.tokens")
+                    .ok()
+                    .flatten()
+                    .map_or(0, |a| a.len());
+                let pre = md
+                    .get_str("tokenizer.ggml.pre")
+                    .ok()
+                    .flatten()
+                    .unwrap_or("(none)");
+                format!("{tm}, {n} tokens, pre {pre}")
+            }
+        };
         let merges = md
             .get_array("tokenizer.ggml.merges")
             .ok()
@@ -275,7 +297,7 @@ fn text(
         let tmpl = md.get("tokenizer.chat_template").is_some();
         writeln!(
             w,
-            "{:<16}{tm}, {n} tokens, pre {pre}, {merges} merges, chat template: {}",
+            "{:<16}{head}, {merges} merges, chat template: {}",
             "tokenizer",
             if tmpl { "yes" } else { "no" }
         )?;
