@@ -44,6 +44,9 @@ struct opts {
     std::string cmd, model, out, prompt_file, mode = "batch", kv = "f32", fa = "off";
     std::vector<llama_token> tokens;
     int threads = 2, n_ctx = 512, n_batch = 512, n_ubatch = 512, n_predict = 64;
+    // mode "last": decode in n_batch chunks, keep logits of the last `last` positions only
+    // (long-context parity without n_tokens x n_vocab floats in memory).
+    int last = 0;
     bool swa_full = false;
 };
 
@@ -78,6 +81,7 @@ static opts parse(int argc, char ** argv) {
         else if (a == "--repack") g_repack = next() == "1";
         else if (a == "--prompt-file") o.prompt_file = next();
         else if (a == "-n") o.n_predict = std::stoi(next());
+        else if (a == "--last") o.last = std::stoi(next());
         else if (a.rfind("--", 0) == 0) die("unknown option " + a);
         else pos.push_back(a);
     }
@@ -141,6 +145,37 @@ static int run_logits(llama_model * model, const opts & o) {
     }
     llama_context * ctx = make_ctx(model, o);
     const int n = (int) o.tokens.size();
+    if (o.mode == "last") {
+        if (o.last <= 0 || o.last > n) die("--mode last needs 0 < --last <= n_tokens");
+        std::vector<float> kept((size_t) o.last * n_vocab);
+        const int first_kept = n - o.last;
+        for (int p0 = 0; p0 < n; p0 += o.n_batch) {
+            const int p1 = std::min(n, p0 + o.n_batch);
+            llama_batch b = llama_batch_init(p1 - p0, 0, 1);
+            for (int i = p0; i < p1; i++) {
+                b.token[i - p0] = o.tokens[i];
+                b.pos[i - p0] = i;
+                b.n_seq_id[i - p0] = 1;
+                b.seq_id[i - p0][0] = 0;
+                b.logits[i - p0] = i >= first_kept;
+            }
+            b.n_tokens = p1 - p0;
+            if (llama_decode(ctx, b) != 0) die("llama_decode failed at " + std::to_string(p0));
+            llama_batch_free(b);
+            for (int i = std::max(p0, first_kept); i < p1; i++) {
+                const float * l = llama_get_logits_ith(ctx, i - p0);
+                if (!l) die("no logits for position " + std::to_string(i));
+                memcpy(&kept[(size_t) (i - first_kept) * n_vocab], l, sizeof(float) * n_vocab);
+            }
+        }
+        FILE * f = fopen(o.out.c_str(), "wb");
+        if (!f) die("cannot write " + o.out);
+        fwrite(kept.data(), sizeof(float), kept.size(), f);
+        fclose(f);
+        printf("{\"n_tokens\": %d, \"n_vocab\": %d, \"last\": %d}\n", n, n_vocab, o.last);
+        llama_free(ctx);
+        return 0;
+    }
     std::vector<float> all((size_t) n * n_vocab);
     if (o.mode == "batch") {
         decode(ctx, o.tokens, 0, true);
