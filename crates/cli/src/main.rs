@@ -64,6 +64,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Perplexity of a text file, by llama-perplexity's method.
     Perplexity(cmd::perplexity::Args),
+    /// Prompt and generation speed, by llama-bench's tests and columns.
+    Bench(cmd::bench::Args),
     /// What this build carries: CPU features, kernels, formats, architectures.
     Version(cmd::version::Args),
     /// Write docs/arch-coverage.md from the architecture table (--check: fail if stale).
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
         Command::Run(args) => cmd::run::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
+        Command::Bench(args) => cmd::bench::run(&args),
         Command::Version(args) => cmd::version::run(&args),
         Command::Coverage(args) => cmd::coverage::run(&args),
     };

@@ -1,3 +1,4 @@
+pub mod bench;
 pub mod coverage;
 pub mod dump;
 pub mod info;
