@@ -178,12 +178,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if format == Format::Md {
         writeln!(
             out,
-            "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
+            "| {:<30} | {:>10} | {:>10} | {:<14} | {:>7} | {:>15} | {:>20} |",
             "model", "size", "params", "backend", "threads", "test", "t/s"
         )?;
         writeln!(
             out,
-            "| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: |",
+            "| {:-<30} | {:->9}: | {:->9}: | {:-<14} | {:->6}: | {:->14}: | {:->19}: |",
             "", "", "", "", "", "", ""
         )?;
         out.flush()?;
@@ -268,7 +268,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         match format {
             Format::Md => writeln!(
                 out,
-                "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
+                "| {:<30} | {:>10} | {:>10} | {:<14} | {:>7} | {:>15} | {:>20} |",
                 r.model_type,
                 size_str(r.model_size),
                 params_str(r.model_n_params),
@@ -316,7 +316,7 @@ fn prompt(model: &Model<'_>, caches: &mut [KvCache], tokens: &[u32]) -> anyhow::
                 seq: 0,
                 token,
                 pos: start + base + i,
-                logits: done == tokens.len() || done % BATCH == 0,
+                logits: done == tokens.len() || done.is_multiple_of(BATCH),
             }
         }));
         model.decode(caches, &batch)?;
