@@ -1,7 +1,7 @@
 //! Would this build run the file? The engine's strict loader and the tokenizer loader
 //! answer; `info` reports their verdict.
 
-use llamay_engine::{Model, Threads};
+use llamay_engine::Model;
 use llamay_gguf::Model as Gguf;
 use llamay_tokenizer::Tokenizer;
 
@@ -57,7 +57,7 @@ pub fn assess(gguf: &Gguf<'_>) -> Assessment {
             tokenizer,
         };
     }
-    if let Err(e) = Model::load(gguf, Threads(1)) {
+    if let Err(e) = Model::check(gguf) {
         return Assessment {
             runnable: false,
             refusal: Some(e.to_string()),

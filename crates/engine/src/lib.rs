@@ -120,6 +120,26 @@ impl<'a> Model<'a> {
     /// Strict load: the architecture must be in the table, every tensor bound to a
     /// slot, every required slot filled, every shape as the config says.
     pub fn load(gguf: &Gguf<'a>, threads: Threads) -> Result<Model<'a>, LoadError> {
+        let (config, weights) = Self::bind(gguf, weights::ReadData::Yes)?;
+        let pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
+        Ok(Model {
+            config,
+            weights,
+            threads,
+            pool,
+        })
+    }
+
+    /// Everything [`Model::load`] checks, without reading any tensor data: the verdict
+    /// `llamay info` reports, at the cost of the metadata alone.
+    pub fn check(gguf: &Gguf<'a>) -> Result<Config, LoadError> {
+        Self::bind(gguf, weights::ReadData::ShapesOnly).map(|(config, _)| config)
+    }
+
+    fn bind(
+        gguf: &Gguf<'a>,
+        read: weights::ReadData,
+    ) -> Result<(Config, weights::Weights<'a>), LoadError> {
         if gguf.big_endian() {
             return Err(LoadError::Unsupported(
                 "the file is big-endian; llamay runs little-endian files (convert with gguf-py's gguf_convert_endian)"
@@ -143,14 +163,8 @@ impl<'a> Model<'a> {
             ));
         }
         let config = Config::from_gguf(arch, gguf)?;
-        let weights = weights::Weights::bind(&config, gguf)?;
-        let pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
-        Ok(Model {
-            config,
-            weights,
-            threads,
-            pool,
-        })
+        let weights = weights::Weights::bind(&config, gguf, read)?;
+        Ok((config, weights))
     }
 
     /// A fresh exact (f32) KV cache for one sequence of at most `n_ctx` positions.

@@ -113,12 +113,22 @@ pub fn matmul(w: &Matrix<'_>, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<f32
 }
 
 /// A 1-D weight (norm scale, bias), dequantised to f32 at load: small and read often.
-pub fn vector(t: &TensorInfo<'_>, len: usize) -> Result<Vec<f32>, LoadError> {
+/// With `read == false` only the shape and type are checked and nothing is read.
+pub fn vector(t: &TensorInfo<'_>, len: usize, read: bool) -> Result<Vec<f32>, LoadError> {
     if t.n_elements as usize != len {
         return Err(LoadError::Shape(format!(
             "tensor '{}' has shape {:?}, expected [{len}]",
             t.name, t.shape
         )));
+    }
+    if let Some(why) = t.ty.refusal() {
+        return Err(LoadError::Unsupported(format!(
+            "tensor '{}': {why}",
+            t.name
+        )));
+    }
+    if !read {
+        return Ok(Vec::new());
     }
     let mut v = vec![0f32; len];
     dequantize(t.ty, t.data, &mut v)

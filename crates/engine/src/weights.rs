@@ -55,6 +55,16 @@ pub struct Weights<'a> {
 struct Binder<'g, 'a> {
     gguf: &'g Gguf<'a>,
     bound: HashSet<String>,
+    /// Whether 1-D weights are read (dequantised); a check binds and validates shapes
+    /// and types only, touching no tensor data.
+    read: ReadData,
+}
+
+/// Whether binding reads the small 1-D weights or only checks them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ReadData {
+    Yes,
+    ShapesOnly,
 }
 
 impl<'a> Binder<'_, 'a> {
@@ -76,14 +86,14 @@ impl<'a> Binder<'_, 'a> {
 
     fn opt_vector(&mut self, name: &str, len: usize) -> Result<Option<Vec<f32>>, LoadError> {
         match self.get(name).cloned() {
-            Some(t) => vector(&t, len).map(Some),
+            Some(t) => vector(&t, len, self.read == ReadData::Yes).map(Some),
             None => Ok(None),
         }
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
         let t = self.require(name)?.clone();
-        vector(&t, len)
+        vector(&t, len, self.read == ReadData::Yes)
     }
 
     fn norm(&mut self, prefix: &str, kind: NormKind, len: usize) -> Result<Norm, LoadError> {
@@ -108,11 +118,12 @@ fn split_bias(b: &Option<Vec<f32>>, r: std::ops::Range<usize>) -> Option<Vec<f32
 }
 
 impl<'a> Weights<'a> {
-    pub fn bind(cfg: &Config, gguf: &Gguf<'a>) -> Result<Weights<'a>, LoadError> {
+    pub fn bind(cfg: &Config, gguf: &Gguf<'a>, read: ReadData) -> Result<Weights<'a>, LoadError> {
         let arch = cfg.arch;
         let mut b = Binder {
             gguf,
             bound: HashSet::new(),
+            read,
         };
         let e = cfg.n_embd;
         let token_embd = b.matrix("token_embd.weight", e, cfg.n_vocab)?;
