@@ -133,20 +133,23 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     let load_s = t_load.elapsed().as_secs_f64();
-    generate(&model, &tok, &ids, n_ctx, kv, args, params, load_s)
+    let cache = model.new_cache_with(n_ctx, kv);
+    generate(&model, &tok, &ids, cache, args, params, load_s)
 }
 
+/// Prefills `prompt` into `cache` (whose capacity is the context size), then samples
+/// and streams until a stop condition.
 fn generate(
     model: &Model<'_>,
     tok: &Tokenizer,
     prompt: &[u32],
-    n_ctx: usize,
-    kv: KvPrecision,
+    cache: KvCache,
     args: &Args,
     params: SamplerParams,
     load_s: f64,
 ) -> anyhow::Result<()> {
-    let mut caches: Vec<KvCache> = vec![model.new_cache_with(n_ctx, kv)];
+    let n_ctx = cache.capacity();
+    let mut caches: Vec<KvCache> = vec![cache];
     let t_prompt = Instant::now();
     let mut logits = Vec::new();
     for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
