@@ -46,13 +46,25 @@ fn run() -> Result<(), String> {
         let batch: Vec<BatchToken> = chunk
             .iter()
             .enumerate()
-            .map(|(i, &t)| BatchToken { seq: 0, token: t, pos: base + i, logits: base + i >= first_kept })
+            .map(|(i, &t)| BatchToken {
+                seq: 0,
+                token: t,
+                pos: base + i,
+                logits: base + i >= first_kept,
+            })
             .collect();
-        let l = model.decode(&mut caches, &batch).map_err(|e| e.to_string())?;
+        let l = model
+            .decode(&mut caches, &batch)
+            .map_err(|e| e.to_string())?;
         for v in &l.values {
             out.write_all(&v.to_le_bytes()).map_err(|e| e.to_string())?;
         }
-        eprint!("\r{} / {} tokens, {:.0} s", base + chunk.len(), ids.len(), t0.elapsed().as_secs_f64());
+        eprint!(
+            "\r{} / {} tokens, {:.0} s",
+            base + chunk.len(),
+            ids.len(),
+            t0.elapsed().as_secs_f64()
+        );
     }
     eprintln!();
     out.flush().map_err(|e| e.to_string())
