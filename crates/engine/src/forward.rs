@@ -315,7 +315,7 @@ impl Model<'_> {
                 scores.clear();
                 for p in first..=bt.pos {
                     let kv = &keys[p * kdim + kvh * hk..p * kdim + (kvh + 1) * hk];
-                    let mut s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * cfg.attn_scale;
+                    let mut s = llamay_kernels::dot_f32(qv, kv) * cfg.attn_scale;
                     if let Some(c) = cfg.attn_softcap {
                         s = (s / c).tanh() * c;
                     }
@@ -326,7 +326,7 @@ impl Model<'_> {
                 for (j, p) in (first..=bt.pos).enumerate() {
                     let vv = &values[p * vdim + kvh * hv..p * vdim + (kvh + 1) * hv];
                     let wgt = scores[j];
-                    o.iter_mut().zip(vv).for_each(|(a, b)| *a += wgt * b);
+                    llamay_kernels::axpy_f32(o, wgt, vv);
                 }
             }
             out

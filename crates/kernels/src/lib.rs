@@ -15,10 +15,12 @@ mod dispatch;
 mod pool;
 mod portable;
 mod quant;
+mod vecf32;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use pool::ThreadPool;
+pub use vecf32::{axpy_f32, dot_f32};
 
 pub(crate) type DotFn = fn(&[u8], &[u8], usize) -> f32;
 
