@@ -1,0 +1,62 @@
+//! The real Gemma 3 270M file against llama-perplexity b11434: same text, same chunks
+//! (crates/engine/tests/data/gemma/perplexity.json), final PPL within 0.5%.
+//! Needs `LLAMAY_GEMMA=$(scripts/fetch-models)` and `LLAMAY_REF_TREE=$(scripts/fetch-ref)`
+//! (scripts/test sets both).
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn env_path(var: &str, hint: &str) -> PathBuf {
+    PathBuf::from(
+        std::env::var_os(var).unwrap_or_else(|| panic!("{var} is not set: {var}=$({hint})")),
+    )
+}
+
+#[test]
+fn perplexity_within_half_a_percent_of_llama_perplexity() {
+    let model = env_path("LLAMAY_GEMMA", "scripts/fetch-models");
+    let tree = env_path("LLAMAY_REF_TREE", "scripts/fetch-ref");
+    let data =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/gemma/perplexity.json");
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(data).unwrap()).unwrap();
+    let text = tree.join(want["text_file"].as_str().unwrap());
+    let chunks = want["chunks"].as_u64().unwrap().to_string();
+    let c = want["c"].as_u64().unwrap().to_string();
+    // llama-perplexity's defaults: f16 cache (and flash attention); our f16 precision.
+    let out = Command::new(env!("CARGO_BIN_EXE_llamay"))
+        .args([
+            "perplexity",
+            model.to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+            "-c",
+            &c,
+        ])
+        .args(["--chunks", &chunks, "--kv", "f16"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().unwrap();
+    let ppl: f64 = last
+        .strip_prefix("Final estimate: PPL = ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no final estimate in: {stdout}"));
+    let reference = want["ppl"].as_f64().unwrap();
+    let rel = (ppl - reference) / reference;
+    eprintln!(
+        "llamay PPL {ppl:.4}, llama-perplexity {reference:.4}, difference {:+.3}%",
+        rel * 100.0
+    );
+    assert!(
+        rel.abs() < 0.005,
+        "PPL {ppl} vs llama-perplexity {reference}: {:+.3}%",
+        rel * 100.0
+    );
+}
