@@ -22,5 +22,5 @@ pub use error::{ErrorKind, GgufError, OpenError};
 pub use file::{GgufFile, TensorInfo};
 pub use metadata::{Metadata, MetadataTypeError, describe};
 pub use model::{MappedModel, Model};
-pub use value::{Array, GgufStr, Value, ValueType};
+pub use value::{Array, GgufStr, StringIter, Strings, Value, ValueType};
 pub use write::{GgufWriter, TensorSpec, WriteError};

@@ -163,11 +163,16 @@ impl<'a> Cursor<'a> {
             ));
         }
         if elem == ValueType::String {
-            let mut items = Vec::with_capacity(len as usize);
+            // Validate every element now; keep the bytes where they are.
+            let start = self.pos;
             for _ in 0..len {
-                items.push(self.string(MAX_STRING_LEN, "string array element", ctx)?);
+                self.string(MAX_STRING_LEN, "string array element", ctx)?;
             }
-            return Ok(Array::strings(items));
+            return Ok(Array::stored_strings(
+                &self.buf[start..self.pos],
+                len as usize,
+                self.big_endian,
+            ));
         }
         let raw_at = self.pos;
         let raw = self.take(need, "array elements", ctx)?;

@@ -208,21 +208,123 @@ impl<'a> Value<'a> {
 }
 
 /// An array of one element type. Scalars keep their raw bytes (little- or big-endian
-/// as in the file) and decode on access.
-#[derive(Clone, Debug, PartialEq)]
+/// as in the file) and decode on access; strings read from a file stay where they are
+/// (a 262k-token vocabulary costs no allocation) and are walked on iteration.
+#[derive(Clone, Debug)]
 pub struct Array<'a> {
     elem: ValueType,
     data: ArrayData<'a>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 enum ArrayData<'a> {
     Scalars {
         raw: Cow<'a, [u8]>,
         big_endian: bool,
     },
+    /// `count` length-prefixed strings exactly as in the file; the parser has checked
+    /// every length against the bytes.
+    StoredStrings {
+        raw: &'a [u8],
+        count: usize,
+        big_endian: bool,
+    },
     Strings(Vec<GgufStr<'a>>),
 }
+
+impl PartialEq for Array<'_> {
+    /// Element-wise: a string array read from a file equals the same strings built in
+    /// memory.
+    fn eq(&self, other: &Self) -> bool {
+        self.elem == other.elem && self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+/// The strings of a string array.
+#[derive(Clone, Copy, Debug)]
+pub struct Strings<'s, 'a> {
+    data: &'s ArrayData<'a>,
+}
+
+impl<'s, 'a> Strings<'s, 'a> {
+    pub fn len(&self) -> usize {
+        match self.data {
+            ArrayData::StoredStrings { count, .. } => *count,
+            ArrayData::Strings(v) => v.len(),
+            ArrayData::Scalars { .. } => 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The strings in order.
+    pub fn iter(&self) -> StringIter<'s, 'a> {
+        match self.data {
+            ArrayData::StoredStrings {
+                raw,
+                count,
+                big_endian,
+            } => StringIter::Stored {
+                raw,
+                remaining: *count,
+                big_endian: *big_endian,
+            },
+            ArrayData::Strings(v) => StringIter::Owned(v.iter()),
+            ArrayData::Scalars { .. } => StringIter::Owned([].iter()),
+        }
+    }
+}
+
+/// Iterator over a string array's elements.
+pub enum StringIter<'s, 'a> {
+    Stored {
+        raw: &'a [u8],
+        remaining: usize,
+        big_endian: bool,
+    },
+    Owned(std::slice::Iter<'s, GgufStr<'a>>),
+}
+
+impl<'a> Iterator for StringIter<'_, 'a> {
+    type Item = GgufStr<'a>;
+
+    fn next(&mut self) -> Option<GgufStr<'a>> {
+        match self {
+            StringIter::Owned(it) => it.next().copied(),
+            StringIter::Stored {
+                raw,
+                remaining,
+                big_endian,
+            } => {
+                if *remaining == 0 {
+                    return None;
+                }
+                let mut len = [0u8; 8];
+                len.copy_from_slice(raw.get(..8)?);
+                if *big_endian {
+                    len.reverse();
+                }
+                let n = usize::try_from(u64::from_le_bytes(len)).ok()?;
+                let s = raw.get(8..8usize.checked_add(n)?)?;
+                *raw = &raw[8 + n..];
+                *remaining -= 1;
+                Some(GgufStr(s))
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = match self {
+            StringIter::Owned(it) => it.len(),
+            StringIter::Stored { remaining, .. } => *remaining,
+        };
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for StringIter<'_, '_> {}
 
 impl<'a> Array<'a> {
     /// An array of fixed-size scalars from raw bytes; the caller has checked that
@@ -236,6 +338,18 @@ impl<'a> Array<'a> {
             elem,
             data: ArrayData::Scalars {
                 raw: Cow::Borrowed(raw),
+                big_endian,
+            },
+        }
+    }
+
+    /// Strings as the parser found them: `count` length-prefixed strings in `raw`.
+    pub(crate) fn stored_strings(raw: &'a [u8], count: usize, big_endian: bool) -> Self {
+        Array {
+            elem: ValueType::String,
+            data: ArrayData::StoredStrings {
+                raw,
+                count,
                 big_endian,
             },
         }
@@ -308,6 +422,7 @@ impl<'a> Array<'a> {
     pub fn len(&self) -> usize {
         match &self.data {
             ArrayData::Scalars { raw, .. } => raw.len() / self.elem.fixed_size().unwrap_or(1),
+            ArrayData::StoredStrings { count, .. } => *count,
             ArrayData::Strings(s) => s.len(),
         }
     }
@@ -316,9 +431,12 @@ impl<'a> Array<'a> {
         self.len() == 0
     }
 
+    /// Element `i` (for stored strings this walks from the start: use [`Array::iter`]
+    /// to visit them all).
     pub fn get(&self, i: usize) -> Option<Value<'a>> {
         match &self.data {
             ArrayData::Strings(s) => s.get(i).map(|s| Value::String(*s)),
+            ArrayData::StoredStrings { .. } => self.as_strings()?.iter().nth(i).map(Value::String),
             ArrayData::Scalars { raw, big_endian } => {
                 let size = self.elem.fixed_size()?;
                 let start = i.checked_mul(size)?;
@@ -328,14 +446,19 @@ impl<'a> Array<'a> {
         }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = Value<'a>> + '_ {
-        (0..self.len()).filter_map(move |i| self.get(i))
+    pub fn iter(&self) -> Box<dyn Iterator<Item = Value<'a>> + '_> {
+        match self.as_strings() {
+            Some(s) => Box::new(s.iter().map(Value::String)),
+            None => Box::new((0..self.len()).filter_map(move |i| self.get(i))),
+        }
     }
 
     /// The string elements; `None` if this is not a string array.
-    pub fn as_strings(&self) -> Option<&[GgufStr<'a>]> {
+    pub fn as_strings(&self) -> Option<Strings<'_, 'a>> {
         match &self.data {
-            ArrayData::Strings(s) => Some(s),
+            ArrayData::Strings(_) | ArrayData::StoredStrings { .. } => {
+                Some(Strings { data: &self.data })
+            }
             ArrayData::Scalars { .. } => None,
         }
     }
@@ -344,7 +467,7 @@ impl<'a> Array<'a> {
     pub(crate) fn raw_scalars(&self) -> Option<(&[u8], bool)> {
         match &self.data {
             ArrayData::Scalars { raw, big_endian } => Some((raw, *big_endian)),
-            ArrayData::Strings(_) => None,
+            ArrayData::Strings(_) | ArrayData::StoredStrings { .. } => None,
         }
     }
 }

@@ -232,7 +232,7 @@ fn put_array(out: &mut Vec<u8>, a: &Array<'_>) -> Result<(), WriteError> {
     out.extend_from_slice(&(a.elem_type() as u32).to_le_bytes());
     out.extend_from_slice(&(a.len() as u64).to_le_bytes());
     if let Some(strings) = a.as_strings() {
-        for s in strings {
+        for s in strings.iter() {
             put_str(out, s.as_bytes());
         }
     } else if let Some((raw, false)) = a.raw_scalars() {

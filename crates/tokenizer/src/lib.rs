@@ -93,7 +93,9 @@ pub struct Tokenizer {
     max_token_len: usize,
     /// Control, user-defined and unknown tokens, longest text first.
     special_cache: Vec<u32>,
-    special_finder: Option<special::Finder>,
+    /// Built on the first encode that needs it: validating a vocabulary (`llamay
+    /// info`) never pays for it.
+    special_finder: std::sync::OnceLock<Option<special::Finder>>,
     /// `token_to_piece(id, special = true)` for every id.
     pieces: PieceTable,
     bpe: Option<bpe::Bpe>,
@@ -160,7 +162,8 @@ impl Tokenizer {
             + 2 * self.attrs.capacity()
             + self
                 .special_finder
-                .as_ref()
+                .get()
+                .and_then(Option::as_ref)
                 .map_or(0, special::Finder::heap_bytes)
             + self.bpe.as_ref().map_or(0, bpe::Bpe::heap_bytes)
     }

@@ -5,7 +5,7 @@ use crate::bpe::Bpe;
 use crate::pretok::PreTokenizer;
 use crate::strtab::{PieceTable, StrTable, TokenIndex};
 use crate::vocab::{TokenType, attr};
-use crate::{Kind, SpecialIds, Tokenizer, TokenizerError, decode, rules, special};
+use crate::{Kind, SpecialIds, Tokenizer, TokenizerError, decode, rules};
 use llamay_gguf::{Metadata, Value, ValueType};
 use std::collections::BTreeSet;
 
@@ -510,7 +510,7 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
         strip_accents,
         max_token_len,
         special_cache,
-        special_finder: None,
+        special_finder: std::sync::OnceLock::new(),
         pieces: PieceTable::default(),
         bpe: None,
         spm_bytes,
@@ -568,6 +568,5 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
         bpe.newline_words_whole = rs.name == "gemma4";
         t.bpe = Some(bpe);
     }
-    t.special_finder = special::Finder::new(&t);
     Ok(t)
 }

@@ -185,7 +185,17 @@ impl PieceTable {
         let words = n.div_ceil(64);
         let mut differs = vec![0u64; words];
         let mut rank = Vec::with_capacity(words);
-        let mut diff = StrTable::default();
+        // Size the arena exactly first: growing it by doubling would briefly hold twice
+        // its bytes, which is what sets `llamay info`'s peak memory on a big vocabulary.
+        let (mut n_diff, mut n_diff_bytes) = (0usize, 0usize);
+        for i in 0..n {
+            let p = piece(i);
+            if p[..] != tokens[i] {
+                n_diff += 1;
+                n_diff_bytes += p.len();
+            }
+        }
+        let mut diff = StrTable::with_capacity(n_diff, n_diff_bytes);
         for (w, bits) in differs.iter_mut().enumerate() {
             rank.push(diff.len() as u32);
             for i in w * 64..((w + 1) * 64).min(n) {
