@@ -160,18 +160,9 @@ impl Model<'_> {
                 let ff = self.weights.rope_freqs.as_deref();
                 for (t, bt) in batch.iter().enumerate() {
                     let pos = bt.pos as f32;
-                    for head in q[t * qd..(t + 1) * qd].chunks_mut(hk) {
-                        rope(
-                            head,
-                            pos,
-                            cfg.n_rot,
-                            base,
-                            cfg.rope_freq_scale,
-                            arch.rope,
-                            ff,
-                        );
-                    }
-                    for head in k[t * kd..(t + 1) * kd].chunks_mut(hk) {
+                    let q_heads = q[t * qd..(t + 1) * qd].chunks_mut(hk);
+                    let k_heads = k[t * kd..(t + 1) * kd].chunks_mut(hk);
+                    for head in q_heads.chain(k_heads) {
                         rope(
                             head,
                             pos,
