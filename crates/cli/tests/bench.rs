@@ -1,35 +1,11 @@
 //! `llamay bench` on a generated fixture (scripts/gen-arch-fixtures): llama-bench's
 //! markdown columns and JSON field names, depth, and bad flags.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn fixture(name: &str) -> PathBuf {
-    let dir = std::env::var_os("LLAMAY_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/llamay/fixtures")
-        });
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "{} missing: run scripts/gen-arch-fixtures",
-        p.display()
-    );
-    p
-}
+use common::{fixture, llamay, ok_stdout};
 
-fn llamay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_llamay"))
-        .args(args)
-        .output()
-        .expect("run llamay")
-}
-
-fn ok_stdout(o: &Output) -> String {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
+use std::process::Output;
 
 fn assert_error(o: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&o.stderr);

@@ -1,32 +1,13 @@
 //! `llamay run` and `llamay perplexity` on the generated architecture fixtures
 //! (scripts/gen-arch-fixtures): output contract, chat templates, and bad input.
 
+mod common;
+
+use common::{fixture, llamay, ok_stdout};
 use llamay_gguf::{GgufFile, GgufWriter, Value};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn fixture(name: &str) -> PathBuf {
-    let dir = std::env::var_os("LLAMAY_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/llamay/fixtures")
-        });
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "{} missing: run scripts/gen-arch-fixtures",
-        p.display()
-    );
-    p
-}
-
-fn llamay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_llamay"))
-        .args(args)
-        .output()
-        .expect("run llamay")
-}
+use std::process::Output;
 
 fn assert_error(o: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
@@ -36,11 +17,6 @@ fn assert_error(o: &Output, needle: &str) {
         last.starts_with("error: ") && last.contains(needle),
         "expected '{needle}' in: {err}"
     );
-}
-
-fn ok_stdout(o: &Output) -> String {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout.clone()).unwrap()
 }
 
 #[test]

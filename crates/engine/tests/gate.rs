@@ -2,6 +2,9 @@
 //! strict load, a long EOS-suppressed greedy decode that stays in range and finite, and
 //! clear errors for bad input. Runs on the generated fixtures (scripts/gen-arch-fixtures).
 
+mod common;
+
+use common::fixture;
 use llamay_engine::sample::argmax;
 use llamay_engine::{BatchToken, DecodeError, LoadError, Model, Threads};
 use llamay_formats::GgmlType;
@@ -10,27 +13,9 @@ use serde_json::Value as Json;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-fn fixtures_dir() -> PathBuf {
-    std::env::var_os("LLAMAY_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/llamay/fixtures")
-        })
-}
-
 fn doc() -> Json {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch-fixtures.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn fixture(name: &str) -> PathBuf {
-    let p = fixtures_dir().join(name);
-    assert!(
-        p.exists(),
-        "{} missing: generate the fixtures with scripts/gen-arch-fixtures",
-        p.display()
-    );
-    p
 }
 
 fn with_model<T>(path: &Path, f: impl FnOnce(Result<Model<'_>, LoadError>) -> T) -> T {

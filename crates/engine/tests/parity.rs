@@ -7,6 +7,9 @@
 //! them (deterministically; their sha256 is checked here) into `$LLAMAY_FIXTURES`
 //! (default `~/.cache/llamay/fixtures`). scripts/test does that before cargo test.
 
+mod common;
+
+use common::fixtures_dir;
 use llamay_engine::{BatchToken, Model, Threads};
 use llamay_gguf::MappedModel;
 use serde_json::Value;
@@ -15,14 +18,6 @@ use std::path::{Path, PathBuf};
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
-}
-
-fn fixtures_dir() -> PathBuf {
-    std::env::var_os("LLAMAY_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/llamay/fixtures")
-        })
 }
 
 /// Bounds on |ours - llama.cpp| per logit (max, mean), by weight type; logits here
