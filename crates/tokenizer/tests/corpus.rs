@@ -7,28 +7,13 @@
 //! Needs `LLAMAY_REF_TREE` (scripts/fetch-ref) and `LLAMAY_GEMMA` (scripts/fetch-models);
 //! fails, does not skip, without them.
 
+mod common;
+
+use common::VOCABS;
 use llamay_gguf::MappedModel;
 use llamay_tokenizer::{Kind, Tokenizer};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
-
-const VOCABS: &[&str] = &[
-    "bert-bge",
-    "command-r",
-    "deepseek-coder",
-    "deepseek-llm",
-    "falcon",
-    "gemma-4",
-    "gpt-2",
-    "llama-bpe",
-    "llama-spm",
-    "mpt",
-    "phi-3",
-    "qwen2",
-    "qwen35",
-    "refact",
-    "starcoder",
-];
 
 fn env_path(var: &str, how: &str) -> PathBuf {
     match std::env::var_os(var) {

@@ -5,27 +5,12 @@
 //! Needs the reference tree: run `scripts/fetch-ref` and export
 //! `LLAMAY_REF_TREE=<the path it prints>`. Fails (does not skip) without it.
 
+mod common;
+
+use common::VOCABS;
 use llamay_gguf::MappedModel;
 use llamay_tokenizer::Tokenizer;
 use std::path::PathBuf;
-
-pub const VOCABS: &[&str] = &[
-    "bert-bge",
-    "command-r",
-    "deepseek-coder",
-    "deepseek-llm",
-    "falcon",
-    "gemma-4",
-    "gpt-2",
-    "llama-bpe",
-    "llama-spm",
-    "mpt",
-    "phi-3",
-    "qwen2",
-    "qwen35",
-    "refact",
-    "starcoder",
-];
 
 fn ref_tree() -> PathBuf {
     match std::env::var_os("LLAMAY_REF_TREE") {
