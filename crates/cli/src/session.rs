@@ -3,7 +3,7 @@
 
 use anyhow::{Context, bail};
 use llamay_engine::{Model, Threads};
-use llamay_gguf::Model as Gguf;
+use llamay_gguf::{MappedModel, Model as Gguf};
 use llamay_tokenizer::Tokenizer;
 
 /// `-t N`: default one thread per available core.
@@ -28,8 +28,18 @@ pub fn context(flag: Option<usize>, model: &Model<'_>) -> anyhow::Result<usize> 
     }
 }
 
-pub fn load<'a>(gguf: &Gguf<'a>, threads: Threads) -> anyhow::Result<(Model<'a>, Tokenizer)> {
-    let model = Model::load(gguf, threads).context("cannot run this model")?;
+/// Loads the engine model and the tokenizer. The file pages of weights the engine
+/// repacked are released from `mapped`, so they are not resident twice.
+pub fn load<'a>(
+    mapped: &MappedModel,
+    gguf: &Gguf<'a>,
+    threads: Threads,
+) -> anyhow::Result<(Model<'a>, Tokenizer)> {
+    // A tied embedding is released too: lookups fault back the few rows they read.
+    let release = |data: &[u8]| {
+        mapped.release(data);
+    };
+    let model = Model::load_releasing(gguf, threads, &release).context("cannot run this model")?;
     let tok = Tokenizer::from_metadata(gguf.metadata()).context("cannot load the tokenizer")?;
     for w in tok.warnings() {
         eprintln!("warning: {w}");

@@ -60,7 +60,7 @@ fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize) {
 
 /// `y = W x + b` for `n` rows of input.
 fn linear(l: &Linear<'_>, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<f32> {
-    let mut out = matmul(&l.w, x, n, pool);
+    let mut out = matmul(&l.w, l.packed.as_ref(), x, n, pool);
     add_bias(&mut out, l.b.as_ref(), l.w.rows);
     out
 }
@@ -124,7 +124,7 @@ impl Model<'_> {
         let mut tmp = vec![0f32; e];
         for (t, bt) in batch.iter().enumerate() {
             let row = &mut x[t * e..(t + 1) * e];
-            self.weights.token_embd.dequant_row(bt.token as usize, row);
+            self.weights.embed_row(bt.token as usize, row);
             if arch.embed_scale_sqrt {
                 let s = (e as f32).sqrt();
                 row.iter_mut().for_each(|v| *v *= s);

@@ -120,8 +120,20 @@ impl<'a> Model<'a> {
     /// Strict load: the architecture must be in the table, every tensor bound to a
     /// slot, every required slot filled, every shape as the config says.
     pub fn load(gguf: &Gguf<'a>, threads: Threads) -> Result<Model<'a>, LoadError> {
-        let (config, weights) = Self::bind(gguf, weights::ReadData::Yes)?;
+        Self::load_releasing(gguf, threads, &|_| {})
+    }
+
+    /// [`Model::load`], handing `release` the file bytes of each weight as soon as it
+    /// has been repacked (see `Weights::pack`): give it `MappedModel::release` so those
+    /// pages do not stay resident beside the packed copy.
+    pub fn load_releasing(
+        gguf: &Gguf<'a>,
+        threads: Threads,
+        release: &dyn Fn(&'a [u8]),
+    ) -> Result<Model<'a>, LoadError> {
+        let (config, mut weights) = Self::bind(gguf, weights::ReadData::Yes)?;
         let pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
+        weights.pack(&pool, release);
         Ok(Model {
             config,
             weights,
@@ -175,6 +187,15 @@ impl<'a> Model<'a> {
     pub fn new_cache_with(&self, n_ctx: usize, precision: KvPrecision) -> KvCache {
         let c = &self.config;
         KvCache::new(c.n_layer, c.k_dim(), c.v_dim(), n_ctx, precision)
+    }
+
+    /// Bytes of weights repacked at load (held in memory besides the mapping).
+    pub fn packed_bytes(&self) -> usize {
+        self.weights
+            .linears()
+            .filter_map(|l| l.packed.as_ref())
+            .map(|p| p.size_bytes())
+            .sum()
     }
 
     pub fn threads(&self) -> Threads {

@@ -8,7 +8,7 @@
 use crate::LoadError;
 use llamay_formats::{GgmlType, dequantize};
 use llamay_gguf::TensorInfo;
-use llamay_kernels::ThreadPool;
+use llamay_kernels::{PackedMatrix, ThreadPool};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -105,10 +105,20 @@ pub fn parallel_ranges<T: Send>(
 /// `y = W x` for `n` rows of `x` (`n × W.cols`): the activation is quantised once to the
 /// weight's dot type (as llama.cpp's CPU backend does), then the kernels' matmul runs.
 /// Returns `n × W.rows` values.
-pub fn matmul(w: &Matrix<'_>, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<f32> {
+/// With `packed` (the same matrix, repacked at load) the packed kernels compute it.
+pub fn matmul(
+    w: &Matrix<'_>,
+    packed: Option<&PackedMatrix>,
+    x: &[f32],
+    n: usize,
+    pool: &ThreadPool,
+) -> Vec<f32> {
     let a = llamay_kernels::quantize_rows(w.ty.vec_dot_type(), x, w.cols, pool);
     let mut out = vec![0f32; n * w.rows];
-    llamay_kernels::matmul(w.ty, w.data, w.rows, w.cols, &a, &mut out, pool);
+    match packed {
+        Some(p) => llamay_kernels::matmul_packed(p, &a, &mut out, pool),
+        None => llamay_kernels::matmul(w.ty, w.data, w.rows, w.cols, &a, &mut out, pool),
+    }
     out
 }
 

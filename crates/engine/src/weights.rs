@@ -7,6 +7,7 @@ use crate::arch::{FfnKind, NormKind, QkvLayout, Residual};
 use crate::config::Config;
 use crate::tensor::{Matrix, vector};
 use llamay_gguf::{Model as Gguf, TensorInfo};
+use llamay_kernels::{PackedMatrix, ThreadPool};
 use std::collections::HashSet;
 
 /// A normalisation's parameters (bias only for LayerNorm).
@@ -21,6 +22,15 @@ pub struct Norm {
 pub struct Linear<'a> {
     pub w: Matrix<'a>,
     pub b: Option<Vec<f32>>,
+    /// `w` repacked for the packed kernels (AVX-512 VNNI), when the load packed it;
+    /// then `w`'s bytes are no longer read by matmuls.
+    pub packed: Option<PackedMatrix>,
+}
+
+impl<'a> Linear<'a> {
+    fn new(w: Matrix<'a>, b: Option<Vec<f32>>) -> Self {
+        Linear { w, b, packed: None }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -109,7 +119,7 @@ impl<'a> Binder<'_, 'a> {
     fn linear(&mut self, prefix: &str, cols: usize, rows: usize) -> Result<Linear<'a>, LoadError> {
         let w = self.matrix(&format!("{prefix}.weight"), cols, rows)?;
         let b = self.opt_vector(&format!("{prefix}.bias"), rows)?;
-        Ok(Linear { w, b })
+        Ok(Linear::new(w, b))
     }
 }
 
@@ -136,14 +146,11 @@ impl<'a> Weights<'a> {
         };
         let output_norm = b.norm("output_norm", arch.norm, e)?;
         let output = match b.get("output.weight").cloned() {
-            Some(t) => Linear {
-                w: Matrix::from_tensor(&t, e, cfg.n_vocab)?,
-                b: b.opt_vector("output.bias", cfg.n_vocab)?,
-            },
-            None => Linear {
-                w: token_embd,
-                b: None,
-            },
+            Some(t) => Linear::new(
+                Matrix::from_tensor(&t, e, cfg.n_vocab)?,
+                b.opt_vector("output.bias", cfg.n_vocab)?,
+            ),
+            None => Linear::new(token_embd, None),
         };
         let rope_freqs = b.opt_vector("rope_freqs.weight", cfg.n_rot / 2)?;
 
@@ -160,9 +167,8 @@ impl<'a> Weights<'a> {
                 ),
                 QkvLayout::Fused => {
                     let fused = b.linear(&p("attn_qkv"), e, qd + kd + vd)?;
-                    let part = |r: std::ops::Range<usize>| Linear {
-                        w: fused.w.rows_slice(r.clone()),
-                        b: split_bias(&fused.b, r),
+                    let part = |r: std::ops::Range<usize>| {
+                        Linear::new(fused.w.rows_slice(r.clone()), split_bias(&fused.b, r))
                     };
                     (part(0..qd), part(qd..qd + kd), part(qd + kd..qd + kd + vd))
                 }
@@ -195,14 +201,8 @@ impl<'a> Weights<'a> {
                     let up = b.linear(&p("ffn_up"), e, 2 * cfg.n_ff)?;
                     let n = cfg.n_ff;
                     (
-                        Some(Linear {
-                            w: up.w.rows_slice(0..n),
-                            b: split_bias(&up.b, 0..n),
-                        }),
-                        Linear {
-                            w: up.w.rows_slice(n..2 * n),
-                            b: split_bias(&up.b, n..2 * n),
-                        },
+                        Some(Linear::new(up.w.rows_slice(0..n), split_bias(&up.b, 0..n))),
+                        Linear::new(up.w.rows_slice(n..2 * n), split_bias(&up.b, n..2 * n)),
                     )
                 }
             };
@@ -248,5 +248,63 @@ impl<'a> Weights<'a> {
             rope_freqs,
             layers,
         })
+    }
+}
+
+impl<'a> Weights<'a> {
+    /// Every projection, mutably: what `pack` walks.
+    fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear<'a>> {
+        let layers = self.layers.iter_mut().flat_map(|l| {
+            [
+                &mut l.q,
+                &mut l.k,
+                &mut l.v,
+                &mut l.attn_out,
+                &mut l.ffn_up,
+                &mut l.ffn_down,
+            ]
+            .into_iter()
+            .chain(l.ffn_gate.as_mut())
+        });
+        std::iter::once(&mut self.output).chain(layers)
+    }
+
+    /// Every projection.
+    pub fn linears(&self) -> impl Iterator<Item = &Linear<'a>> {
+        let layers = self.layers.iter().flat_map(|l| {
+            [&l.q, &l.k, &l.v, &l.attn_out, &l.ffn_up, &l.ffn_down]
+                .into_iter()
+                .chain(l.ffn_gate.as_ref())
+        });
+        std::iter::once(&self.output).chain(layers)
+    }
+
+    /// Token `tok`'s embedding into `out` (n_embd values). When the output projection is
+    /// the embedding (tied) and was packed, the row comes from the packed copy: the
+    /// file's pages were released.
+    pub fn embed_row(&self, tok: usize, out: &mut [f32]) {
+        let e = &self.token_embd;
+        if let Some(p) = &self.output.packed
+            && std::ptr::eq(self.output.w.data, e.data)
+        {
+            let mut bytes = vec![0u8; e.data.len() / e.rows.max(1)];
+            if p.source_row(tok, &mut bytes) {
+                // Shapes and types were checked at bind time, so this cannot fail.
+                let _ = llamay_formats::dequantize(e.ty, &bytes, out);
+                return;
+            }
+        }
+        e.dequant_row(tok, out);
+    }
+
+    /// Repacks every projection the active kernel set has packed kernels for (see
+    /// `llamay_kernels::pack`); the others keep computing on the file's bytes. After
+    /// each one, `release` gets the file bytes it no longer reads, so the resident
+    /// peak stays about one copy of the weights.
+    pub fn pack(&mut self, pool: &ThreadPool, release: &dyn Fn(&'a [u8])) {
+        for l in self.linears_mut() {
+            let w = &l.w;
+            l.packed = llamay_kernels::pack_releasing(w.ty, w.data, w.rows, w.cols, pool, release);
+        }
     }
 }

@@ -127,6 +127,44 @@ impl MappedModel {
         self.shards.iter().map(|(p, _)| p.as_path())
     }
 
+    /// Tells the kernel it may drop the resident pages behind `data` (a slice of one of
+    /// these mappings, e.g. a tensor the engine has copied into its own layout). Only
+    /// whole pages inside `data` are released. The mapping stays valid: a later read
+    /// faults the page back in from the file, unchanged. Returns the bytes released (0
+    /// when `data` is not inside a mapping, or off unix).
+    pub fn release(&self, data: &[u8]) -> usize {
+        #[cfg(unix)]
+        {
+            let page = 4096usize;
+            let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
+            for (_, map) in &self.shards {
+                let base = map.as_ptr() as usize;
+                if start < base || end > base + map.len() {
+                    continue;
+                }
+                let lo = (start - base).next_multiple_of(page);
+                let hi = (end - base) / page * page;
+                if hi <= lo {
+                    return 0;
+                }
+                // SAFETY: `Mmap` is a read-only private file mapping (never written through),
+                // so MADV_DONTNEED only drops clean pages: the next access re-reads the same
+                // bytes from the file, and every outstanding borrow stays valid and
+                // unchanged. The range is inside the map (checked above).
+                let r = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
+                };
+                return if r.is_ok() { hi - lo } else { 0 };
+            }
+            0
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = data;
+            0
+        }
+    }
+
     pub fn total_bytes(&self) -> u64 {
         self.shards.iter().map(|(_, m)| m.len() as u64).sum()
     }

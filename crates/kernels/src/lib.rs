@@ -12,6 +12,7 @@
 use llamay_formats::GgmlType;
 
 mod dispatch;
+mod packed;
 mod pool;
 mod portable;
 mod quant;
@@ -19,6 +20,7 @@ mod vecf32;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use packed::{GROUP_ROWS, PackedMatrix, matmul_packed, pack, pack_releasing, packable};
 pub use pool::ThreadPool;
 pub use vecf32::{axpy_f32, dot_f32};
 

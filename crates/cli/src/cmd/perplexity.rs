@@ -51,7 +51,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let threads = session::threads(args.threads)?;
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
-    let (model, tok) = session::load(&gguf, threads)?;
+    let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let tokens = tok.encode(&text, true, false);
     if tokens.len() < 2 * n_ctx {
         bail!(

@@ -98,7 +98,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let t_load = Instant::now();
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
-    let (model, tok) = session::load(&gguf, threads)?;
+    let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let n_ctx = session::context(args.ctx_size, &model)?;
     let ids = match gguf
         .metadata()

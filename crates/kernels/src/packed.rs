@@ -1,0 +1,580 @@
+//! Weights repacked once, at load, for the AVX-512 VNNI GEMM/GEMV: sixteen rows are
+//! interleaved four bytes at a time, so one 64-byte load holds four consecutive weights
+//! of each of 16 rows, `vpdpbusd` against four broadcast activation bytes leaves the 16
+//! rows' partial sums in the 16 lanes, and no horizontal reduction is ever needed.
+//! In prefill the unpacked weight vector is reused for up to eight tokens from registers.
+//!
+//! Every layout holds the same information as the source blocks, in (almost) the same
+//! bytes: Q8_0, Q4_0, Q5_0 and Q6_K are exactly as large; Q4_K grows by 4 bytes per 256
+//! weights (its six-bit scales and mins are stored one byte each). The values are kept
+//! unsigned (Q8_0 as `q + 128`, Q4_0/Q5_0 and Q6_K before their `-8`/`-16`/`-32`), as
+//! `vpdpbusd` wants; the offset is taken back exactly in the integer sum by starting
+//! the accumulator at `-offset · Σ activation` (see `ActPrep`).
+//!
+//! Numerics: the integer block sums are exact and the float steps are ggml's, in ggml's
+//! order, per lane; so the result is bit-identical to the portable `vec_dot` (the tests
+//! assert equality, not a bound).
+//!
+//! A group is `nb` blocks of its 16 rows; inside a group each *section* (quants, high
+//! bits, scales, ...) is stored for all `nb` blocks in turn, so SIMD loads stay aligned.
+
+use crate::{KernelSet, QuantizedRows, SyncPtr, ThreadPool, dispatch};
+use llamay_formats::GgmlType;
+
+/// Rows interleaved in one group.
+pub const GROUP_ROWS: usize = 16;
+
+/// One 64-byte line; a `Vec<Line>` is 64-byte aligned.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct Line(pub(crate) [u8; 64]);
+
+/// The sections of one block of a group, in bytes, in storage order.
+pub(crate) fn sections(ty: GgmlType) -> Option<&'static [usize]> {
+    Some(match ty {
+        // quants ([k][row][4] u8 = q + 128), d (16 × f16)
+        GgmlType::Q8_0 => &[512, 32],
+        // nibbles ([kk][row][4]: low = quad kk, high = quad kk + 4), d
+        GgmlType::Q4_0 => &[256, 32],
+        // nibbles, fifth bits (8 × u64: bit 4·row + i = bit 4k + i of qh), d
+        GgmlType::Q5_0 => &[256, 64, 32],
+        // nibbles ([c][kk][row][4]: low = sub-block 2c, high = 2c + 1), scales
+        // ([j][row] u8), mins ([j][row] u8), d, dmin
+        GgmlType::Q4_K => &[2048, 128, 128, 32, 32],
+        // low nibbles ([v][row][4]: low = quad v, high = quad v + 32), high bits
+        // ([u][row][4]: bits 2m = quad u + 16m), scales ([s][row] i8), d
+        GgmlType::Q6_K => &[2048, 1024, 256, 32],
+        _ => return None,
+    })
+}
+
+/// A weight matrix in the packed layout (rows a multiple of 16).
+#[derive(Clone)]
+pub struct PackedMatrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Bytes of one group (all blocks of its 16 rows), a multiple of 64.
+    group_bytes: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedMatrix({} {}x{})", self.ty, self.rows, self.cols)
+    }
+}
+
+impl PackedMatrix {
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.lines.len() * 64
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Line` is 64 plain bytes (repr(C)); the slice covers exactly the Vec.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.size_bytes()) }
+    }
+
+    fn blocks_per_row(&self) -> usize {
+        self.cols / self.ty.block_size() as usize
+    }
+}
+
+/// Whether `pack` would pack a `rows × cols` matrix of `ty` for the active kernel set:
+/// the set has packed kernels (AVX-512 VNNI), the format has a layout, and the rows
+/// fill whole groups.
+pub fn packable(ty: GgmlType, rows: usize, cols: usize) -> bool {
+    packable_with(dispatch::active(), ty, rows, cols)
+}
+
+fn packable_with(set: KernelSet, ty: GgmlType, rows: usize, cols: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && set.min(dispatch::hardware()) >= KernelSet::Avx512Vnni
+        && sections(ty).is_some()
+        && rows > 0
+        && rows.is_multiple_of(GROUP_ROWS)
+        && cols > 0
+        && cols.is_multiple_of(ty.block_size() as usize)
+}
+
+/// Repacks `rows` rows of `cols` values of `ty` (the file's bytes) for the packed
+/// kernels, groups in parallel on the pool; `None` when `packable` says no or `w` is
+/// shorter than the matrix.
+pub fn pack(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    pool: &ThreadPool,
+) -> Option<PackedMatrix> {
+    pack_releasing(ty, w, rows, cols, pool, &|_| {})
+}
+
+/// Groups packed between two `release` calls (≈ 1 MiB of source for a wide matrix).
+const RELEASE_GROUPS: usize = 64;
+
+/// `pack`, handing `release` each part of `w` as soon as it has been copied, so that a
+/// caller whose `w` is a file mapping can drop those pages while the copy grows: the
+/// resident peak stays about one copy, not two.
+pub fn pack_releasing<'w>(
+    ty: GgmlType,
+    w: &'w [u8],
+    rows: usize,
+    cols: usize,
+    pool: &ThreadPool,
+    release: &dyn Fn(&'w [u8]),
+) -> Option<PackedMatrix> {
+    if !packable(ty, rows, cols) {
+        return None;
+    }
+    let secs = sections(ty)?;
+    let nb = cols / ty.block_size() as usize;
+    let src_block = ty.type_size() as usize;
+    let row_bytes = nb * src_block;
+    if w.len() < rows.checked_mul(row_bytes)? {
+        return None;
+    }
+    let per_block: usize = secs.iter().sum();
+    let group_bytes = (nb * per_block).next_multiple_of(64);
+    let groups = rows / GROUP_ROWS;
+    let mut lines = vec![Line([0; 64]); groups * group_bytes / 64];
+    let base = SyncPtr(lines.as_mut_ptr() as *mut u8);
+    let offs = section_offsets(secs, nb);
+    let group_src = GROUP_ROWS * row_bytes;
+    for g0 in (0..groups).step_by(RELEASE_GROUPS) {
+        let g1 = (g0 + RELEASE_GROUPS).min(groups);
+        pool.run(g1 - g0, |i| {
+            let g = g0 + i;
+            // SAFETY: task g writes only group g's bytes (g*group_bytes..(g+1)*group_bytes
+            // of `lines`, which holds groups*group_bytes bytes and outlives the region).
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(base.get().add(g * group_bytes), group_bytes)
+            };
+            let src = &w[g * group_src..(g + 1) * group_src];
+            for (r, row) in src.chunks_exact(row_bytes).enumerate() {
+                for (b, blk) in row.chunks_exact(src_block).enumerate() {
+                    pack_block(ty, blk, r, b, secs, &offs, out);
+                }
+            }
+        });
+        release(&w[g0 * group_src..g1 * group_src]);
+    }
+    Some(PackedMatrix {
+        ty,
+        rows,
+        cols,
+        group_bytes,
+        lines,
+    })
+}
+
+/// Writes row `r`'s block `b` (`src`, the file's bytes) into its group's sections.
+fn pack_block(
+    ty: GgmlType,
+    src: &[u8],
+    r: usize,
+    b: usize,
+    secs: &[usize],
+    offs: &[usize; 5],
+    out: &mut [u8],
+) {
+    // Section s of block b starts here.
+    let at = |s: usize| offs[s] + b * secs[s];
+    // Byte i of the four that row r holds in interleaved vector v of section s.
+    let lane = |s: usize, v: usize, i: usize| at(s) + v * 64 + r * 4 + i;
+    match ty {
+        GgmlType::Q8_0 => {
+            for k in 0..8 {
+                for i in 0..4 {
+                    out[lane(0, k, i)] = src[2 + 4 * k + i] ^ 0x80;
+                }
+            }
+            out[at(1) + 2 * r..][..2].copy_from_slice(&src[0..2]);
+        }
+        GgmlType::Q4_0 => {
+            for kk in 0..4 {
+                for i in 0..4 {
+                    out[lane(0, kk, i)] = src[2 + 4 * kk + i];
+                }
+            }
+            out[at(1) + 2 * r..][..2].copy_from_slice(&src[0..2]);
+        }
+        GgmlType::Q5_0 => {
+            for kk in 0..4 {
+                for i in 0..4 {
+                    out[lane(0, kk, i)] = src[6 + 4 * kk + i];
+                }
+            }
+            let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+            for k in 0..8 {
+                for i in 0..4 {
+                    if (qh >> (4 * k + i)) & 1 == 1 {
+                        let bit = 4 * r + i;
+                        out[at(1) + 8 * k + bit / 8] |= 1 << (bit % 8);
+                    }
+                }
+            }
+            out[at(2) + 2 * r..][..2].copy_from_slice(&src[0..2]);
+        }
+        GgmlType::Q4_K => {
+            for c in 0..4 {
+                for kk in 0..8 {
+                    for i in 0..4 {
+                        out[lane(0, c * 8 + kk, i)] = src[16 + 32 * c + 4 * kk + i];
+                    }
+                }
+            }
+            let (sc, mn) = crate::portable::scales_mins_k4(&src[4..16]);
+            for j in 0..8 {
+                out[at(1) + 16 * j + r] = sc[j];
+                out[at(2) + 16 * j + r] = mn[j];
+            }
+            out[at(3) + 2 * r..][..2].copy_from_slice(&src[0..2]);
+            out[at(4) + 2 * r..][..2].copy_from_slice(&src[2..4]);
+        }
+        GgmlType::Q6_K => {
+            // The unsigned six-bit value (0..63) of element e, as portable::dot_q6_k reads it.
+            let value = |e: usize| -> (u8, u8) {
+                let (h, rr) = (e / 128, e % 128);
+                let (k, l) = (rr / 32, rr % 32);
+                let ql = src[64 * h + l + 32 * (k & 1)];
+                let low = if k < 2 { ql & 0xF } else { ql >> 4 };
+                let high = (src[128 + 32 * h + l] >> (2 * k)) & 3;
+                (low, high)
+            };
+            for v in 0..32 {
+                for i in 0..4 {
+                    out[lane(0, v, i)] = value(4 * v + i).0 | (value(4 * (v + 32) + i).0 << 4);
+                }
+            }
+            for u in 0..16 {
+                for i in 0..4 {
+                    let mut byte = 0u8;
+                    for m in 0..4 {
+                        byte |= value(4 * (u + 16 * m) + i).1 << (2 * m);
+                    }
+                    out[lane(1, u, i)] = byte;
+                }
+            }
+            for s in 0..16 {
+                out[at(2) + 16 * s + r] = src[192 + s];
+            }
+            out[at(3) + 2 * r..][..2].copy_from_slice(&src[208..210]);
+        }
+        // No layout: `packable` refused the type before any block is packed.
+        _ => {}
+    }
+}
+
+impl PackedMatrix {
+    /// Writes row `r`'s bytes in the file's block format into `out` (the inverse of
+    /// `pack`, byte for byte): how a tied embedding is looked up once its file pages
+    /// are released. Returns false (and writes nothing) when `r` or `out` do not fit.
+    pub fn source_row(&self, r: usize, out: &mut [u8]) -> bool {
+        let Some(secs) = sections(self.ty) else {
+            return false;
+        };
+        let nb = self.blocks_per_row();
+        let ts = self.ty.type_size() as usize;
+        if r >= self.rows || out.len() < nb * ts {
+            return false;
+        }
+        let (g, rr) = (r / GROUP_ROWS, r % GROUP_ROWS);
+        let group = &self.bytes()[g * self.group_bytes..(g + 1) * self.group_bytes];
+        let offs = section_offsets(secs, nb);
+        for (b, dst) in out.chunks_exact_mut(ts).take(nb).enumerate() {
+            unpack_block(self.ty, group, rr, b, secs, &offs, dst);
+        }
+        true
+    }
+}
+
+/// Where each section starts inside a group of `nb` blocks.
+fn section_offsets(secs: &[usize], nb: usize) -> [usize; 5] {
+    let mut offs = [0usize; 5];
+    let mut acc = 0;
+    for (o, s) in offs.iter_mut().zip(secs) {
+        *o = acc;
+        acc += nb * s;
+    }
+    offs
+}
+
+/// The inverse of `pack_block`: row `r`'s block `b` back in the file's format.
+fn unpack_block(
+    ty: GgmlType,
+    g: &[u8],
+    r: usize,
+    b: usize,
+    secs: &[usize],
+    offs: &[usize; 5],
+    dst: &mut [u8],
+) {
+    let at = |s: usize| offs[s] + b * secs[s];
+    let lane = |s: usize, v: usize, i: usize| at(s) + v * 64 + r * 4 + i;
+    match ty {
+        GgmlType::Q8_0 => {
+            dst[0..2].copy_from_slice(&g[at(1) + 2 * r..][..2]);
+            for k in 0..8 {
+                for i in 0..4 {
+                    dst[2 + 4 * k + i] = g[lane(0, k, i)] ^ 0x80;
+                }
+            }
+        }
+        GgmlType::Q4_0 => {
+            dst[0..2].copy_from_slice(&g[at(1) + 2 * r..][..2]);
+            for kk in 0..4 {
+                for i in 0..4 {
+                    dst[2 + 4 * kk + i] = g[lane(0, kk, i)];
+                }
+            }
+        }
+        GgmlType::Q5_0 => {
+            dst[0..2].copy_from_slice(&g[at(2) + 2 * r..][..2]);
+            let mut qh = 0u32;
+            for k in 0..8 {
+                for i in 0..4 {
+                    let bit = 4 * r + i;
+                    if (g[at(1) + 8 * k + bit / 8] >> (bit % 8)) & 1 == 1 {
+                        qh |= 1 << (4 * k + i);
+                    }
+                }
+            }
+            dst[2..6].copy_from_slice(&qh.to_le_bytes());
+            for kk in 0..4 {
+                for i in 0..4 {
+                    dst[6 + 4 * kk + i] = g[lane(0, kk, i)];
+                }
+            }
+        }
+        GgmlType::Q4_K => {
+            dst[0..2].copy_from_slice(&g[at(3) + 2 * r..][..2]);
+            dst[2..4].copy_from_slice(&g[at(4) + 2 * r..][..2]);
+            let sc: [u8; 8] = std::array::from_fn(|j| g[at(1) + 16 * j + r]);
+            let mn: [u8; 8] = std::array::from_fn(|j| g[at(2) + 16 * j + r]);
+            // The inverse of ggml's get_scale_min_k4.
+            for j in 0..4 {
+                dst[4 + j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+                dst[4 + j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+                dst[4 + j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+            }
+            for c in 0..4 {
+                for kk in 0..8 {
+                    for i in 0..4 {
+                        dst[16 + 32 * c + 4 * kk + i] = g[lane(0, c * 8 + kk, i)];
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            dst[..208].fill(0);
+            for e in 0..256 {
+                let (q, i) = (e / 4, e % 4);
+                let low = (g[lane(0, q % 32, i)] >> if q < 32 { 0 } else { 4 }) & 0xF;
+                let high = (g[lane(1, q % 16, i)] >> (2 * (q / 16))) & 3;
+                let (h, rr) = (e / 128, e % 128);
+                let (k, l) = (rr / 32, rr % 32);
+                dst[64 * h + l + 32 * (k & 1)] |= if k < 2 { low } else { low << 4 };
+                dst[128 + 32 * h + l] |= high << (2 * k);
+            }
+            for s in 0..16 {
+                dst[192 + s] = g[at(2) + 16 * s + r];
+            }
+            dst[208..210].copy_from_slice(&g[at(3) + 2 * r..][..2]);
+        }
+        _ => {}
+    }
+}
+
+/// Per-token facts about the activation that the packed kernels need, computed once per
+/// matmul: the f32 scale of every block and the integer start values of the block sums
+/// (`-offset · Σq` for the legacy formats, `-32 · bsum` per 16 for Q6_K, the paired
+/// 32-element sums for Q4_K's mins).
+pub(crate) struct ActPrep {
+    pub dy: Vec<f32>,
+    pub aux: Vec<i32>,
+    /// Entries of `aux` per block.
+    pub aux_per_block: usize,
+    pub blocks: usize,
+}
+
+/// Q8_K block: f32 d, 256 × i8, 16 × i16 bsums.
+const Q8K_BYTES: usize = 292;
+
+fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
+    let rb = a.row_bytes();
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let off = match ty {
+                GgmlType::Q8_0 => 128,
+                GgmlType::Q4_0 => 8,
+                _ => 16,
+            };
+            let nb = a.cols / 32;
+            let mut dy = Vec::with_capacity(a.n * nb);
+            let mut aux = Vec::with_capacity(a.n * nb);
+            for t in 0..a.n {
+                let row = &a.data[t * rb..(t + 1) * rb];
+                for blk in row.chunks_exact(34).take(nb) {
+                    dy.push(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+                    let s: i32 = blk[2..34].iter().map(|&q| q as i8 as i32).sum();
+                    aux.push(-off * s);
+                }
+            }
+            ActPrep {
+                dy,
+                aux,
+                aux_per_block: 1,
+                blocks: nb,
+            }
+        }
+        _ => {
+            let nb = a.cols / 256;
+            let per = if ty == GgmlType::Q6_K { 16 } else { 4 };
+            let mut dy = Vec::with_capacity(a.n * nb);
+            let mut aux = Vec::with_capacity(a.n * nb * per);
+            for t in 0..a.n {
+                let row = &a.data[t * rb..(t + 1) * rb];
+                for blk in row.chunks_exact(Q8K_BYTES).take(nb) {
+                    dy.push(f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]));
+                    let bsum =
+                        |j: usize| i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as i32;
+                    if ty == GgmlType::Q6_K {
+                        aux.extend((0..16).map(|s| -32 * bsum(s)));
+                    } else {
+                        // Sub-block sums (32 values) as i16 pairs (2p, 2p+1) for vpdpwssd.
+                        let sub = |j: usize| (bsum(2 * j) + bsum(2 * j + 1)) as i16 as u16 as u32;
+                        aux.extend((0..4).map(|p| (sub(2 * p) | (sub(2 * p + 1) << 16)) as i32));
+                    }
+                }
+            }
+            ActPrep {
+                dy,
+                aux,
+                aux_per_block: per,
+                blocks: nb,
+            }
+        }
+    }
+}
+
+/// Tokens per register tile.
+pub(crate) const TILE: usize = 8;
+/// Tokens per task in prefill: the group's weights stay in L1 while this many
+/// activation rows stream from L2.
+const TOKEN_CHUNK: usize = 64;
+
+/// `out[t * rows + r] = W[r] · A[t]` for the packed matrix, as `matmul` computes it
+/// (bit-identical to the portable kernels), split over the pool. On a shape mismatch the
+/// output that exists is filled with NaN (debug builds assert).
+pub fn matmul_packed(p: &PackedMatrix, a: &QuantizedRows, out: &mut [f32], pool: &ThreadPool) {
+    let ok = a.ty == p.ty.vec_dot_type()
+        && a.cols == p.cols
+        && a.data.len() >= a.n * a.row_bytes()
+        && out.len() >= a.n * p.rows;
+    if !ok {
+        debug_assert!(false, "matmul_packed: shapes do not match");
+        out.fill(f32::NAN);
+        return;
+    }
+    let n = a.n;
+    if n == 0 {
+        return;
+    }
+    let prep = prep(p.ty, a);
+    let groups = p.rows / GROUP_ROWS;
+    let threads = pool.n_threads();
+    let (gchunk, tchunk) = if n == 1 {
+        ((groups / (threads * 8)).clamp(1, 64), 1)
+    } else {
+        let tchunk = TOKEN_CHUNK.min(n);
+        let tcs = n.div_ceil(tchunk);
+        let want = (threads * 4).div_ceil(tcs);
+        ((groups / want.max(1)).clamp(1, 16), tchunk)
+    };
+    let gtasks = groups.div_ceil(gchunk);
+    let ttasks = n.div_ceil(tchunk);
+    let optr = SyncPtr(out.as_mut_ptr());
+    let task = |i: usize| {
+        let (gi, ti) = (i % gtasks, i / gtasks);
+        let (g0, g1) = (gi * gchunk, ((gi + 1) * gchunk).min(groups));
+        let (t0, t1) = (ti * tchunk, ((ti + 1) * tchunk).min(n));
+        for g in g0..g1 {
+            let mut t = t0;
+            while t < t1 {
+                let m = (t1 - t).min(TILE);
+                // SAFETY: the kernels write out[(t+j)*rows + 16g .. +16] for j < m: inside
+                // this task's (groups × tokens) tile, disjoint from every other task's,
+                // and < n*rows <= out.len(). The packed kernels exist only when
+                // `packable` found AVX-512 VNNI (checked when `p` was built).
+                unsafe { run_tile(p, &prep, a, g, t, m, optr.get()) };
+                t += m;
+            }
+        }
+    };
+    let n_tasks = gtasks * ttasks;
+    if n_tasks == 1 || threads == 1 {
+        (0..n_tasks).for_each(task);
+    } else {
+        pool.run(n_tasks, task);
+    }
+}
+
+/// Computes tokens `t..t+m` (m ≤ TILE) against group `g`.
+///
+/// # Safety
+/// `p` was built by `pack` (so the CPU has AVX-512 VNNI); `a` and `prep` match `p`;
+/// `out` has room for `(t+m) * p.rows` values.
+#[cfg(target_arch = "x86_64")]
+unsafe fn run_tile(
+    p: &PackedMatrix,
+    prep: &ActPrep,
+    a: &QuantizedRows,
+    g: usize,
+    t: usize,
+    m: usize,
+    out: *mut f32,
+) {
+    use crate::x86::packed512::{Tile, tile};
+    let nb = p.blocks_per_row();
+    let rb = a.row_bytes();
+    let tile_args = Tile {
+        w: p.bytes()[g * p.group_bytes..].as_ptr(),
+        nb,
+        a: a.data[t * rb..].as_ptr(),
+        a_stride: rb,
+        dy: prep.dy[t * prep.blocks..].as_ptr(),
+        aux: prep.aux[t * prep.blocks * prep.aux_per_block..].as_ptr(),
+        prep_stride: prep.blocks,
+        out: out.wrapping_add(t * p.rows + g * GROUP_ROWS),
+        out_stride: p.rows,
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { tile(p.ty, m, &tile_args) }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn run_tile(
+    _: &PackedMatrix,
+    _: &ActPrep,
+    _: &QuantizedRows,
+    _: usize,
+    _: usize,
+    _: usize,
+    _: *mut f32,
+) {
+    unreachable!("packed matrices exist only on x86-64 (packable)")
+}

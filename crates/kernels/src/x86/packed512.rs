@@ -1,0 +1,288 @@
+//! AVX-512 VNNI kernels over the packed layout (`crate::packed`): one call computes 16
+//! rows (one group) against up to `TILE` tokens. Each 64-byte weight vector is unpacked
+//! once and multiplied (`vpdpbusd`) with every token's four broadcast activation bytes;
+//! lane r accumulates row r, so results are stored without reduction.
+//!
+//! Float steps follow `portable` exactly, per lane (separate multiply and add, no FMA),
+//! so the results are bit-identical to the portable kernels.
+//!
+//! Every function here may only be called when `dispatch::hardware()` found avx2, fma,
+//! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
+
+use crate::packed::TILE;
+use core::arch::x86_64::*;
+use llamay_formats::GgmlType;
+
+/// Pointers for one tile; see `packed::run_tile`.
+pub(crate) struct Tile {
+    /// The group's first byte.
+    pub w: *const u8,
+    /// Blocks per row.
+    pub nb: usize,
+    /// The first token's activation row; the next is `a_stride` bytes on.
+    pub a: *const u8,
+    pub a_stride: usize,
+    /// The first token's block scales and aux values; per token `prep_stride` blocks.
+    pub dy: *const f32,
+    pub aux: *const i32,
+    pub prep_stride: usize,
+    /// Row 0 of the group for the first token; the next token is `out_stride` on.
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+/// Runs the kernel for `ty` on `m` tokens (1..=TILE).
+///
+/// # Safety
+/// The AVX-512 VNNI set (module doc); `t`'s pointers cover `m` tokens and the group.
+pub(crate) unsafe fn tile(ty: GgmlType, m: usize, t: &Tile) {
+    macro_rules! by_m {
+        ($f:ident $(, $c:expr)?) => {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                match m {
+                    1 => $f::<1 $(, $c)?>(t),
+                    2 => $f::<2 $(, $c)?>(t),
+                    3 => $f::<3 $(, $c)?>(t),
+                    4 => $f::<4 $(, $c)?>(t),
+                    5 => $f::<5 $(, $c)?>(t),
+                    6 => $f::<6 $(, $c)?>(t),
+                    7 => $f::<7 $(, $c)?>(t),
+                    _ => $f::<TILE $(, $c)?>(t),
+                }
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q8_0 => by_m!(legacy, Q8_0),
+        GgmlType::Q4_0 => by_m!(legacy, Q4_0),
+        GgmlType::Q5_0 => by_m!(legacy, Q5_0),
+        GgmlType::Q4_K => by_m!(q4_k),
+        GgmlType::Q6_K => by_m!(q6_k),
+        _ => {}
+    }
+}
+
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q5_0: u8 = 2;
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn load512(p: *const u8) -> __m512i {
+    // SAFETY: caller guarantees 64 readable bytes at p.
+    unsafe { _mm512_loadu_si512(p as *const _) }
+}
+
+/// Four activation bytes at `p`, broadcast to every lane.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn bcast4(p: *const u8) -> __m512i {
+    // SAFETY: caller guarantees 4 readable bytes at p.
+    _mm512_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
+}
+
+/// Sixteen f16 scales at `p` as f32.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn scales16(p: *const u8) -> __m512 {
+    // SAFETY: caller guarantees 32 readable bytes at p.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p as *const __m256i) })
+}
+
+/// Sixteen bytes at `p` widened to i32 lanes (unsigned, or signed for `SIGNED`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> __m512i {
+    // SAFETY: caller guarantees 16 readable bytes at p.
+    let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    if SIGNED {
+        _mm512_cvtepi8_epi32(v)
+    } else {
+        _mm512_cvtepu8_epi32(v)
+    }
+}
+
+/// The unsigned weights of quad `k` (elements 4k..4k+3 of each row) of block `b`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn legacy_quad<const F: u8>(w: *const u8, nb: usize, b: usize, k: usize) -> __m512i {
+    let m4 = _mm512_set1_epi8(0xF);
+    // SAFETY: block b < nb of the group; sections as `packed::sections`.
+    unsafe {
+        if F == Q8_0 {
+            return load512(w.add(b * 512 + k * 64));
+        }
+        let v = load512(w.add(b * 256 + (k % 4) * 64));
+        let q = if k < 4 {
+            _mm512_and_si512(v, m4)
+        } else {
+            _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)
+        };
+        if F == Q5_0 {
+            let bits = (w.add(nb * 256 + b * 64 + k * 8) as *const u64).read_unaligned();
+            return _mm512_mask_add_epi8(q, bits, q, _mm512_set1_epi8(16));
+        }
+        q
+    }
+}
+
+/// Where the sixteen f16 scales of block `b` are.
+#[inline]
+fn legacy_d_offset<const F: u8>(nb: usize, b: usize) -> usize {
+    match F {
+        Q8_0 => nb * 512 + b * 32,
+        Q4_0 => nb * 256 + b * 32,
+        _ => nb * (256 + 64) + b * 32,
+    }
+}
+
+/// Q8_0 / Q4_0 / Q5_0 weights against Q8_0 activations: per block
+/// `acc += (dw · dy) · Σ (q_w − off) q_a`, ggml's order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
+    let mut facc = [_mm512_setzero_ps(); T];
+    // SAFETY: every pointer below stays inside the group (nb blocks) and the T tokens'
+    // activation rows and prep entries (the caller's contract).
+    unsafe {
+        for b in 0..p.nb {
+            let mut iacc = [_mm512_setzero_si512(); T];
+            for (t, acc) in iacc.iter_mut().enumerate() {
+                *acc = _mm512_set1_epi32(*p.aux.add(t * p.prep_stride + b));
+            }
+            for k in 0..8 {
+                let w = legacy_quad::<F>(p.w, p.nb, b, k);
+                for (t, acc) in iacc.iter_mut().enumerate() {
+                    let av = bcast4(p.a.add(t * p.a_stride + b * 34 + 2 + 4 * k));
+                    *acc = _mm512_dpbusd_epi32(*acc, w, av);
+                }
+            }
+            let d = scales16(p.w.add(legacy_d_offset::<F>(p.nb, b)));
+            for (t, acc) in facc.iter_mut().enumerate() {
+                let s = _mm512_mul_ps(d, _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b)));
+                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(s, _mm512_cvtepi32_ps(iacc[t])));
+            }
+        }
+        for (t, acc) in facc.iter().enumerate() {
+            _mm512_storeu_ps(p.out.add(t * p.out_stride), *acc);
+        }
+    }
+}
+
+/// Q4_K against Q8_K: `acc = (acc + (d·dy)·Σ_j sc_j Σ q a) − (dmin·dy)·Σ_j m_j bsum_j`,
+/// integer sums exact, as `portable::dot_q4_k` / `kq_acc`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_k<const T: usize>(p: &Tile) {
+    let nb = p.nb;
+    let m4 = _mm512_set1_epi8(0xF);
+    let (sc_sec, mn_sec) = (nb * 2048, nb * (2048 + 128));
+    let (d_sec, dmin_sec) = (nb * (2048 + 256), nb * (2048 + 256 + 32));
+    let mut facc = [_mm512_setzero_ps(); T];
+    // SAFETY: as in `legacy`.
+    unsafe {
+        for b in 0..nb {
+            let mut sumi = [_mm512_setzero_si512(); T];
+            for j in 0..8 {
+                let mut iacc = [_mm512_setzero_si512(); T];
+                for kk in 0..8 {
+                    let v = load512(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64));
+                    let w = if j % 2 == 0 {
+                        _mm512_and_si512(v, m4)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)
+                    };
+                    for (t, acc) in iacc.iter_mut().enumerate() {
+                        let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 32 * j + 4 * kk));
+                        *acc = _mm512_dpbusd_epi32(*acc, w, av);
+                    }
+                }
+                let sc = bytes16::<false>(p.w.add(sc_sec + b * 128 + j * 16));
+                for (s, acc) in sumi.iter_mut().zip(&iacc) {
+                    *s = _mm512_add_epi32(*s, _mm512_mullo_epi32(*acc, sc));
+                }
+            }
+            // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
+            let mut mpair = [_mm512_setzero_si512(); 4];
+            for (q, mp) in mpair.iter_mut().enumerate() {
+                let m0 = bytes16::<false>(p.w.add(mn_sec + b * 128 + (2 * q) * 16));
+                let m1 = bytes16::<false>(p.w.add(mn_sec + b * 128 + (2 * q + 1) * 16));
+                *mp = _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
+            }
+            let d = scales16(p.w.add(d_sec + b * 32));
+            let dmin = scales16(p.w.add(dmin_sec + b * 32));
+            for (t, acc) in facc.iter_mut().enumerate() {
+                let aux = p.aux.add((t * p.prep_stride + b) * 4);
+                let mut summs = _mm512_setzero_si512();
+                for (q, mp) in mpair.iter().enumerate() {
+                    summs = _mm512_dpwssd_epi32(summs, *mp, _mm512_set1_epi32(*aux.add(q)));
+                }
+                let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
+                let x = _mm512_add_ps(
+                    *acc,
+                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sumi[t])),
+                );
+                *acc = _mm512_sub_ps(
+                    x,
+                    _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(summs)),
+                );
+            }
+        }
+        for (t, acc) in facc.iter().enumerate() {
+            _mm512_storeu_ps(p.out.add(t * p.out_stride), *acc);
+        }
+    }
+}
+
+/// Q6_K against Q8_K: `acc += (d·dy)·Σ_s sc_s Σ (q − 32) a`, as `portable::dot_q6_k`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k<const T: usize>(p: &Tile) {
+    let nb = p.nb;
+    let m4 = _mm512_set1_epi8(0xF);
+    let m3 = _mm512_set1_epi8(3);
+    let (hi_sec, sc_sec, d_sec) = (nb * 2048, nb * 3072, nb * (3072 + 256));
+    let mut facc = [_mm512_setzero_ps(); T];
+    // SAFETY: as in `legacy`.
+    unsafe {
+        for b in 0..nb {
+            let mut sumi = [_mm512_setzero_si512(); T];
+            for s in 0..16 {
+                let mut iacc = [_mm512_setzero_si512(); T];
+                for (t, acc) in iacc.iter_mut().enumerate() {
+                    *acc = _mm512_set1_epi32(*p.aux.add((t * p.prep_stride + b) * 16 + s));
+                }
+                let shift = _mm_cvtsi32_si128(2 * (s / 4) as i32);
+                for qq in 0..4 {
+                    let q = 4 * s + qq;
+                    let lo = load512(p.w.add(b * 2048 + (q % 32) * 64));
+                    let lo = if q < 32 {
+                        _mm512_and_si512(lo, m4)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4)
+                    };
+                    let hi = load512(p.w.add(hi_sec + b * 1024 + (q % 16) * 64));
+                    let hi = _mm512_and_si512(_mm512_srl_epi16(hi, shift), m3);
+                    let w = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+                    for (t, acc) in iacc.iter_mut().enumerate() {
+                        let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 4 * q));
+                        *acc = _mm512_dpbusd_epi32(*acc, w, av);
+                    }
+                }
+                let sc = bytes16::<true>(p.w.add(sc_sec + b * 256 + s * 16));
+                for (sm, acc) in sumi.iter_mut().zip(&iacc) {
+                    *sm = _mm512_add_epi32(*sm, _mm512_mullo_epi32(*acc, sc));
+                }
+            }
+            let d = scales16(p.w.add(d_sec + b * 32));
+            for (t, acc) in facc.iter_mut().enumerate() {
+                let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
+                *acc = _mm512_add_ps(
+                    *acc,
+                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sumi[t])),
+                );
+            }
+        }
+        for (t, acc) in facc.iter().enumerate() {
+            _mm512_storeu_ps(p.out.add(t * p.out_stride), *acc);
+        }
+    }
+}

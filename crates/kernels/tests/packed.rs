@@ -1,0 +1,130 @@
+//! The packed (AVX-512 VNNI, 16-row interleaved) GEMM/GEMV against the portable
+//! kernels: random blocks (every byte random, scales finite), every token-tile size and
+//! several group counts. The packed kernels form the same exact integer block sums and
+//! the same float steps in the same order, so the results must be *equal*.
+
+use llamay_formats::{GgmlType, GgmlType::*};
+use llamay_kernels::*;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// Random weight bytes with finite f16 scales (all other bytes random).
+fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let ts = ty.type_size() as usize;
+    let nb = rows * cols / ty.block_size() as usize;
+    let mut w: Vec<u8> = (0..nb * ts).map(|_| rng.next() as u8).collect();
+    let scales: &[usize] = match ty {
+        Q4_K => &[0, 2],
+        Q6_K => &[208],
+        _ => &[0],
+    };
+    for blk in w.chunks_exact_mut(ts) {
+        for &at in scales {
+            blk[at..at + 2].copy_from_slice(&f16_bytes(rng.f32() * 0.01));
+        }
+    }
+    w
+}
+
+const PACKED: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, Q4_K, Q6_K];
+
+#[test]
+fn packed_matmul_equals_portable() {
+    if !KernelSet::Avx512Vnni.is_available() {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI (no packed kernels)");
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for &ty in PACKED {
+        let bs = ty.block_size() as usize;
+        for &(rows, nblocks) in &[(16, 1), (48, 3), (32, 8), (160, 2)] {
+            let cols = nblocks * bs;
+            let w = random_weights(ty, rows, cols, &mut rng);
+            // Only packable where the active set is AVX-512 VNNI (LLAMAY_CPU can cap it).
+            let Some(p) = pack(ty, &w, rows, cols, &pool) else {
+                assert!(!packable(ty, rows, cols));
+                eprintln!("skipped {ty}: the active kernel set does not pack");
+                continue;
+            };
+            assert_eq!((p.rows(), p.cols(), p.ty()), (rows, cols, ty));
+            for &n in &[1usize, 2, 3, 7, 8, 9, 17, 70] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
+                let a = quantize_rows(ty.vec_dot_type(), &x, cols, &pool);
+                let mut want = vec![0f32; n * rows];
+                matmul_with(
+                    KernelSet::Portable,
+                    ty,
+                    &w,
+                    rows,
+                    cols,
+                    &a,
+                    &mut want,
+                    &pool,
+                );
+                let mut got = vec![f32::NAN; n * rows];
+                matmul_packed(&p, &a, &mut got, &pool);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{ty} rows {rows} cols {cols} n {n}: token {} row {}: packed {g} vs portable {e}",
+                        i / rows,
+                        i % rows
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn source_rows_are_the_file_bytes() {
+    if !KernelSet::Avx512Vnni.is_available() {
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(7);
+    for &ty in PACKED {
+        let (rows, cols) = (32, 3 * ty.block_size() as usize);
+        let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+        // Every byte random (scales too): the layout must be a bijection on bytes.
+        let w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+        let Some(p) = pack(ty, &w, rows, cols, &pool) else {
+            continue;
+        };
+        let mut row = vec![0u8; rb];
+        for r in 0..rows {
+            assert!(p.source_row(r, &mut row));
+            assert_eq!(row, w[r * rb..(r + 1) * rb], "{ty} row {r}");
+        }
+        assert!(!p.source_row(rows, &mut row));
+        assert!(!p.source_row(0, &mut row[..rb - 1]));
+    }
+}
+
+#[test]
+fn pack_refuses_what_it_cannot_lay_out() {
+    let pool = ThreadPool::new(1);
+    // Rows not a multiple of 16, a format without a layout, a short buffer.
+    let w = vec![0u8; 34 * 17];
+    assert!(pack(Q8_0, &w, 17, 32, &pool).is_none());
+    assert!(pack(Q5_1, &vec![0u8; 24 * 16], 16, 32, &pool).is_none());
+    assert!(pack(Q8_0, &w[..34 * 15], 16, 32, &pool).is_none());
+    assert!(!packable(F32, 16, 32));
+}
