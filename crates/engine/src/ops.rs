@@ -50,6 +50,13 @@ fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
 }
 
+/// `f16(gelu_tanh(f16 value))` for every f16 bit pattern: ggml's `ggml_table_gelu_f16`.
+static GELU_F16: std::sync::LazyLock<Vec<u16>> = std::sync::LazyLock::new(|| {
+    (0..=u16::MAX)
+        .map(|h| f16::from_f32(gelu_tanh(f16::from_bits(h).to_f32())).to_bits())
+        .collect()
+});
+
 /// GELU (tanh form) as ggml's CPU backend computes it: through an f16 lookup table,
 /// i.e. the input rounded to f16 and the result rounded to f16, exact outside ±10.
 pub fn gelu(x: f32) -> f32 {
@@ -58,8 +65,7 @@ pub fn gelu(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        let xh = f16::from_f32(x).to_f32();
-        f16::from_f32(gelu_tanh(xh)).to_f32()
+        f16::from_bits(GELU_F16[f16::from_f32(x).to_bits() as usize]).to_f32()
     }
 }
 
@@ -142,6 +148,12 @@ mod tests {
         assert!((y[0] + 0.5).abs() < 1e-6 && (y[1] - 1.5).abs() < 1e-6);
         assert_eq!(gelu(-20.0), 0.0);
         assert!((gelu(1.0) - 0.8413).abs() < 1e-3);
+        // The table is ggml's: the input and the result rounded through f16.
+        for i in -4000..4000 {
+            let x = i as f32 * 0.002_718;
+            let direct = f16::from_f32(gelu_tanh(f16::from_f32(x).to_f32())).to_f32();
+            assert_eq!(gelu(x).to_bits(), direct.to_bits(), "gelu({x})");
+        }
         let mut s = [0.0, f32::NEG_INFINITY, 0.0];
         softmax(&mut s);
         assert_eq!(s, [0.5, 0.0, 0.5]);

@@ -112,7 +112,30 @@ fn row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
 
 type QuantFn = fn(&[f32], &mut [u8]);
 
+/// The AVX2 quantisers behind a safe signature.
+#[cfg(target_arch = "x86_64")]
+mod quant_simd {
+    pub(crate) fn q8_0(x: &[f32], out: &mut [u8]) {
+        // SAFETY: handed out by `quant_fn` only when `dispatch::active()` is at least
+        // Avx2, i.e. the CPU has avx2 + fma + f16c; block shapes as for the scalar ones.
+        unsafe { crate::x86::quant_avx2::q8_0(x, out) }
+    }
+
+    pub(crate) fn q8_k(x: &[f32], out: &mut [u8]) {
+        // SAFETY: as for `q8_0`.
+        unsafe { crate::x86::quant_avx2::q8_k(x, out) }
+    }
+}
+
 fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
+    #[cfg(target_arch = "x86_64")]
+    if dispatch::active() >= KernelSet::Avx2 {
+        match ty {
+            GgmlType::Q8_0 => return Some(quant_simd::q8_0),
+            GgmlType::Q8_K => return Some(quant_simd::q8_k),
+            _ => {}
+        }
+    }
     Some(match ty {
         GgmlType::Q8_0 => quant::q8_0,
         GgmlType::Q8_1 => quant::q8_1,

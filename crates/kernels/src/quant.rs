@@ -23,7 +23,7 @@ fn nearest_int(v: f32) -> i32 {
 }
 
 #[inline]
-fn f16_bits(v: f32) -> [u8; 2] {
+pub(crate) fn f16_bits(v: f32) -> [u8; 2] {
     if v.is_nan() {
         0x7E00u16.to_le_bytes()
     } else {

@@ -354,3 +354,18 @@ fn x86_q8(ty: llamay_formats::GgmlType, x: &[f32]) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn q8_k_keeps_the_first_value_of_largest_magnitude_and_halves_round_to_even() {
+    let pool = ThreadPool::new(1);
+    let mut x: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) / 256.0).collect();
+    x[3] = -2.0;
+    x[7] = 2.0;
+    // 127/2 · v = k + 0.5 exactly for these: ties.
+    x[10] = 1.0 / 127.0;
+    x[11] = 3.0 / 127.0;
+    let q = quantize_rows(Q8_K, &x, 256, &pool);
+    assert_eq!(q.data, llamay_formats::quantize(Q8_K, &x).unwrap());
+    let q = quantize_rows(Q8_0, &x[..32], 32, &pool);
+    assert_eq!(q.data, x86_q8(Q8_0, &x[..32]));
+}

@@ -3,3 +3,4 @@
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod packed512;
+pub(crate) mod quant_avx2;
