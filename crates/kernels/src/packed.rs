@@ -182,60 +182,44 @@ pub fn pack_releasing<'w>(
 }
 
 /// Writes row `r`'s block `b` (`src`, the file's bytes) into its group's sections.
-fn pack_block(
-    ty: GgmlType,
-    src: &[u8],
-    r: usize,
-    b: usize,
-    secs: &[usize],
-    offs: &[usize; 5],
-    out: &mut [u8],
-) {
+/// Runs once per weight block at load, so the hot formats copy four bytes at a time.
+fn pack_block(ty: GgmlType, src: &[u8], r: usize, b: usize, secs: &[usize], offs: &[usize; 5], out: &mut [u8]) {
     // Section s of block b starts here.
     let at = |s: usize| offs[s] + b * secs[s];
-    // Byte i of the four that row r holds in interleaved vector v of section s.
-    let lane = |s: usize, v: usize, i: usize| at(s) + v * 64 + r * 4 + i;
+    // The four bytes row r holds in interleaved vector v of section s.
+    let put4 = |out: &mut [u8], s: usize, v: usize, bytes: [u8; 4]| {
+        out[at(s) + v * 64 + r * 4..][..4].copy_from_slice(&bytes);
+    };
+    let four = |o: usize| -> [u8; 4] { [src[o], src[o + 1], src[o + 2], src[o + 3]] };
     match ty {
         GgmlType::Q8_0 => {
             for k in 0..8 {
-                for i in 0..4 {
-                    out[lane(0, k, i)] = src[2 + 4 * k + i] ^ 0x80;
-                }
+                let v = u32::from_le_bytes(four(2 + 4 * k)) ^ 0x8080_8080;
+                put4(out, 0, k, v.to_le_bytes());
             }
             out[at(1) + 2 * r..][..2].copy_from_slice(&src[0..2]);
         }
         GgmlType::Q4_0 => {
             for kk in 0..4 {
-                for i in 0..4 {
-                    out[lane(0, kk, i)] = src[2 + 4 * kk + i];
-                }
+                put4(out, 0, kk, four(2 + 4 * kk));
             }
             out[at(1) + 2 * r..][..2].copy_from_slice(&src[0..2]);
         }
         GgmlType::Q5_0 => {
             for kk in 0..4 {
-                for i in 0..4 {
-                    out[lane(0, kk, i)] = src[6 + 4 * kk + i];
-                }
+                put4(out, 0, kk, four(6 + 4 * kk));
             }
-            let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+            let qh = u32::from_le_bytes(four(2));
+            // Row r's nibble k of qh goes to bits 4r..4r+3 of mask k.
             for k in 0..8 {
-                for i in 0..4 {
-                    if (qh >> (4 * k + i)) & 1 == 1 {
-                        let bit = 4 * r + i;
-                        out[at(1) + 8 * k + bit / 8] |= 1 << (bit % 8);
-                    }
-                }
+                let nib = ((qh >> (4 * k)) & 0xF) as u8;
+                out[at(1) + 8 * k + r / 2] |= nib << (4 * (r % 2));
             }
             out[at(2) + 2 * r..][..2].copy_from_slice(&src[0..2]);
         }
         GgmlType::Q4_K => {
-            for c in 0..4 {
-                for kk in 0..8 {
-                    for i in 0..4 {
-                        out[lane(0, c * 8 + kk, i)] = src[16 + 32 * c + 4 * kk + i];
-                    }
-                }
+            for v in 0..32 {
+                put4(out, 0, v, four(16 + 4 * v));
             }
             let (sc, mn) = crate::portable::scales_mins_k4(&src[4..16]);
             for j in 0..8 {
@@ -246,28 +230,31 @@ fn pack_block(
             out[at(4) + 2 * r..][..2].copy_from_slice(&src[2..4]);
         }
         GgmlType::Q6_K => {
-            // The unsigned six-bit value (0..63) of element e, as portable::dot_q6_k reads it.
-            let value = |e: usize| -> (u8, u8) {
-                let (h, rr) = (e / 128, e % 128);
-                let (k, l) = (rr / 32, rr % 32);
-                let ql = src[64 * h + l + 32 * (k & 1)];
-                let low = if k < 2 { ql & 0xF } else { ql >> 4 };
-                let high = (src[128 + 32 * h + l] >> (2 * k)) & 3;
-                (low, high)
-            };
-            for v in 0..32 {
-                for i in 0..4 {
-                    out[lane(0, v, i)] = value(4 * v + i).0 | (value(4 * (v + 32) + i).0 << 4);
+            // Low nibbles and high pairs of the 256 unsigned values, in element order,
+            // as portable::dot_q6_k reads them.
+            let (mut low, mut high) = ([0u8; 256], [0u8; 256]);
+            for h in 0..2 {
+                for k in 0..4 {
+                    for l in 0..32 {
+                        let e = 128 * h + 32 * k + l;
+                        let ql = src[64 * h + l + 32 * (k & 1)];
+                        low[e] = if k < 2 { ql & 0xF } else { ql >> 4 };
+                        high[e] = (src[128 + 32 * h + l] >> (2 * k)) & 3;
+                    }
                 }
             }
+            for v in 0..32 {
+                put4(out, 0, v, std::array::from_fn(|i| low[4 * v + i] | (low[4 * (v + 32) + i] << 4)));
+            }
             for u in 0..16 {
-                for i in 0..4 {
-                    let mut byte = 0u8;
-                    for m in 0..4 {
-                        byte |= value(4 * (u + 16 * m) + i).1 << (2 * m);
-                    }
-                    out[lane(1, u, i)] = byte;
-                }
+                put4(
+                    out,
+                    1,
+                    u,
+                    std::array::from_fn(|i| {
+                        (0..4).fold(0u8, |acc, m| acc | (high[4 * (u + 16 * m) + i] << (2 * m)))
+                    }),
+                );
             }
             for s in 0..16 {
                 out[at(2) + 16 * s + r] = src[192 + s];
