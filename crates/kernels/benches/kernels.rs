@@ -1,10 +1,10 @@
 //! GEMV (2048 x 2048) GB/s of weight bytes per format, and GFLOP/s of a 64-token matmul,
-//! portable vs each SIMD set this CPU has. Run: `cargo bench -p llamay-kernels`.
+//! portable vs each SIMD set this CPU has, and the packed (repacked-at-load) kernels. Run: `cargo bench -p llamay-kernels`.
 //! Criterion's "elem/s" on the matmul group are FLOP/s (2·rows·cols·tokens per call).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use llamay_formats::GgmlType::{self, *};
-use llamay_kernels::{KernelSet, ThreadPool, matmul_with, quantize_rows};
+use llamay_kernels::{KernelSet, ThreadPool, matmul_packed, matmul_with, pack, quantize_rows};
 use std::time::Duration;
 
 const ROWS: usize = 2048;
@@ -70,6 +70,10 @@ fn gemv(c: &mut Criterion) {
                     b.iter(|| matmul_with(set, ty, &w, ROWS, COLS, &a, &mut out, &pool))
                 });
             }
+            if let Some(p) = pack(ty, &w, ROWS, COLS, &pool) {
+                let id = BenchmarkId::new(format!("{ty}/packed512"), format!("{nt}t"));
+                g.bench_function(id, |b| b.iter(|| matmul_packed(&p, &a, &mut out, &pool)));
+            }
         }
     }
     g.finish();
@@ -92,6 +96,10 @@ fn prefill(c: &mut Criterion) {
             g.bench_function(id, |b| {
                 b.iter(|| matmul_with(set, ty, &w, ROWS, COLS, &a, &mut out, &pool))
             });
+        }
+        if let Some(p) = pack(ty, &w, ROWS, COLS, &pool) {
+            let id = BenchmarkId::new(format!("{ty}/packed512"), format!("{}t", threads()));
+            g.bench_function(id, |b| b.iter(|| matmul_packed(&p, &a, &mut out, &pool)));
         }
     }
     g.finish();
