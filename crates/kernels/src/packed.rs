@@ -183,7 +183,15 @@ pub fn pack_releasing<'w>(
 
 /// Writes row `r`'s block `b` (`src`, the file's bytes) into its group's sections.
 /// Runs once per weight block at load, so the hot formats copy four bytes at a time.
-fn pack_block(ty: GgmlType, src: &[u8], r: usize, b: usize, secs: &[usize], offs: &[usize; 5], out: &mut [u8]) {
+fn pack_block(
+    ty: GgmlType,
+    src: &[u8],
+    r: usize,
+    b: usize,
+    secs: &[usize],
+    offs: &[usize; 5],
+    out: &mut [u8],
+) {
     // Section s of block b starts here.
     let at = |s: usize| offs[s] + b * secs[s];
     // The four bytes row r holds in interleaved vector v of section s.
@@ -230,31 +238,27 @@ fn pack_block(ty: GgmlType, src: &[u8], r: usize, b: usize, secs: &[usize], offs
             out[at(4) + 2 * r..][..2].copy_from_slice(&src[2..4]);
         }
         GgmlType::Q6_K => {
-            // Low nibbles and high pairs of the 256 unsigned values, in element order,
-            // as portable::dot_q6_k reads them.
-            let (mut low, mut high) = ([0u8; 256], [0u8; 256]);
-            for h in 0..2 {
-                for k in 0..4 {
-                    for l in 0..32 {
-                        let e = 128 * h + 32 * k + l;
-                        let ql = src[64 * h + l + 32 * (k & 1)];
-                        low[e] = if k < 2 { ql & 0xF } else { ql >> 4 };
-                        high[e] = (src[128 + 32 * h + l] >> (2 * k)) & 3;
-                    }
-                }
-            }
+            // Four consecutive elements at a time, as portable::dot_q6_k reads them:
+            // element e = 128h + 32k + l has its low nibble in ql[64h + l + 32(k&1)]
+            // (low half of the byte for k < 2) and its high pair at bits 2k of
+            // qh[32h + l]; four consecutive e share h and k.
+            let word = |o: usize| u32::from_le_bytes(four(o));
+            let low4 = |e: usize| {
+                let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                let w = word(64 * h + l + 32 * (k & 1));
+                (if k < 2 { w } else { w >> 4 }) & 0x0F0F_0F0F
+            };
+            let high4 = |e: usize| {
+                let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                (word(128 + 32 * h + l) >> (2 * k)) & 0x0303_0303
+            };
             for v in 0..32 {
-                put4(out, 0, v, std::array::from_fn(|i| low[4 * v + i] | (low[4 * (v + 32) + i] << 4)));
+                let bytes = low4(4 * v) | (low4(4 * (v + 32)) << 4);
+                put4(out, 0, v, bytes.to_le_bytes());
             }
             for u in 0..16 {
-                put4(
-                    out,
-                    1,
-                    u,
-                    std::array::from_fn(|i| {
-                        (0..4).fold(0u8, |acc, m| acc | (high[4 * (u + 16 * m) + i] << (2 * m)))
-                    }),
-                );
+                let bytes = (0..4).fold(0u32, |acc, m| acc | (high4(4 * (u + 16 * m)) << (2 * m)));
+                put4(out, 1, u, bytes.to_le_bytes());
             }
             for s in 0..16 {
                 out[at(2) + 16 * s + r] = src[192 + s];
