@@ -198,7 +198,7 @@ fn pack_block(
     let put4 = |out: &mut [u8], s: usize, v: usize, bytes: [u8; 4]| {
         out[at(s) + v * 64 + r * 4..][..4].copy_from_slice(&bytes);
     };
-    let four = |o: usize| -> [u8; 4] { [src[o], src[o + 1], src[o + 2], src[o + 3]] };
+    let four = |o: usize| -> [u8; 4] { src[o..o + 4].try_into().unwrap_or([0; 4]) };
     match ty {
         GgmlType::Q8_0 => {
             for k in 0..8 {
