@@ -5,7 +5,7 @@
 //! In prefill the unpacked weight vector is reused for up to eight tokens from registers.
 //!
 //! Every layout holds the same information as the source blocks, in (almost) the same
-//! bytes: Q8_0, Q4_0, Q5_0 and Q6_K are exactly as large; Q4_K grows by 4 bytes per 256
+//! bytes: Q8_0, Q4_0, Q5_0 and Q6_K are exactly as large; Q4_K and Q5_K grow by 4 bytes per 256
 //! weights (its six-bit scales and mins are stored one byte each). The values are kept
 //! unsigned (Q8_0 as `q + 128`, Q4_0/Q5_0 and Q6_K before their `-8`/`-16`/`-32`), as
 //! `vpdpbusd` wants; the offset is taken back exactly in the integer sum by starting
@@ -41,6 +41,9 @@ pub(crate) fn sections(ty: GgmlType) -> Option<&'static [usize]> {
         // nibbles ([c][kk][row][4]: low = sub-block 2c, high = 2c + 1), scales
         // ([j][row] u8), mins ([j][row] u8), d, dmin
         GgmlType::Q4_K => &[2048, 128, 128, 32, 32],
+        // as Q4_K, with the fifth bits after the nibbles ([j][kk] u64: bit 4·row + i =
+        // bit j of qh[4kk + i])
+        GgmlType::Q5_K => &[2048, 512, 128, 128, 32, 32],
         // low nibbles ([v][row][4]: low = quad v, high = quad v + 32), high bits
         // ([u][row][4]: bits 2m = quad u + 16m), scales ([s][row] i8), d
         GgmlType::Q6_K => &[2048, 1024, 256, 32],
@@ -189,7 +192,7 @@ fn pack_block(
     r: usize,
     b: usize,
     secs: &[usize],
-    offs: &[usize; 5],
+    offs: &[usize; 6],
     out: &mut [u8],
 ) {
     // Section s of block b starts here.
@@ -236,6 +239,25 @@ fn pack_block(
             }
             out[at(3) + 2 * r..][..2].copy_from_slice(&src[0..2]);
             out[at(4) + 2 * r..][..2].copy_from_slice(&src[2..4]);
+        }
+        GgmlType::Q5_K => {
+            for v in 0..32 {
+                put4(out, 0, v, four(48 + 4 * v));
+            }
+            for j in 0..8 {
+                for kk in 0..8 {
+                    let nib =
+                        (0..4).fold(0u8, |acc, i| acc | (((src[16 + 4 * kk + i] >> j) & 1) << i));
+                    out[at(1) + 8 * (8 * j + kk) + r / 2] |= nib << (4 * (r % 2));
+                }
+            }
+            let (sc, mn) = crate::portable::scales_mins_k4(&src[4..16]);
+            for j in 0..8 {
+                out[at(2) + 16 * j + r] = sc[j];
+                out[at(3) + 16 * j + r] = mn[j];
+            }
+            out[at(4) + 2 * r..][..2].copy_from_slice(&src[0..2]);
+            out[at(5) + 2 * r..][..2].copy_from_slice(&src[2..4]);
         }
         GgmlType::Q6_K => {
             // Four consecutive elements at a time, as portable::dot_q6_k reads them:
@@ -294,14 +316,26 @@ impl PackedMatrix {
 }
 
 /// Where each section starts inside a group of `nb` blocks.
-fn section_offsets(secs: &[usize], nb: usize) -> [usize; 5] {
-    let mut offs = [0usize; 5];
+fn section_offsets(secs: &[usize], nb: usize) -> [usize; 6] {
+    let mut offs = [0usize; 6];
     let mut acc = 0;
     for (o, s) in offs.iter_mut().zip(secs) {
         *o = acc;
         acc += nb * s;
     }
     offs
+}
+
+/// Row `r`'s eight scales and mins (stored one byte each at `sc_at`/`mn_at`) back in
+/// the 12-byte six-bit layout: the inverse of ggml's `get_scale_min_k4`.
+fn unpack_scales_mins_k4(g: &[u8], sc_at: usize, mn_at: usize, r: usize, dst: &mut [u8]) {
+    let sc: [u8; 8] = std::array::from_fn(|j| g[sc_at + 16 * j + r]);
+    let mn: [u8; 8] = std::array::from_fn(|j| g[mn_at + 16 * j + r]);
+    for j in 0..4 {
+        dst[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        dst[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+        dst[j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+    }
 }
 
 /// The inverse of `pack_block`: row `r`'s block `b` back in the file's format.
@@ -311,7 +345,7 @@ fn unpack_block(
     r: usize,
     b: usize,
     secs: &[usize],
-    offs: &[usize; 5],
+    offs: &[usize; 6],
     dst: &mut [u8],
 ) {
     let at = |s: usize| offs[s] + b * secs[s];
@@ -354,19 +388,31 @@ fn unpack_block(
         GgmlType::Q4_K => {
             dst[0..2].copy_from_slice(&g[at(3) + 2 * r..][..2]);
             dst[2..4].copy_from_slice(&g[at(4) + 2 * r..][..2]);
-            let sc: [u8; 8] = std::array::from_fn(|j| g[at(1) + 16 * j + r]);
-            let mn: [u8; 8] = std::array::from_fn(|j| g[at(2) + 16 * j + r]);
-            // The inverse of ggml's get_scale_min_k4.
-            for j in 0..4 {
-                dst[4 + j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-                dst[4 + j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
-                dst[4 + j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
-            }
+            unpack_scales_mins_k4(g, at(1), at(2), r, &mut dst[4..16]);
             for c in 0..4 {
                 for kk in 0..8 {
                     for i in 0..4 {
                         dst[16 + 32 * c + 4 * kk + i] = g[lane(0, c * 8 + kk, i)];
                     }
+                }
+            }
+        }
+        GgmlType::Q5_K => {
+            dst[0..2].copy_from_slice(&g[at(4) + 2 * r..][..2]);
+            dst[2..4].copy_from_slice(&g[at(5) + 2 * r..][..2]);
+            unpack_scales_mins_k4(g, at(2), at(3), r, &mut dst[4..16]);
+            dst[16..48].fill(0);
+            for j in 0..8 {
+                for kk in 0..8 {
+                    let nib = (g[at(1) + 8 * (8 * j + kk) + r / 2] >> (4 * (r % 2))) & 0xF;
+                    for i in 0..4 {
+                        dst[16 + 4 * kk + i] |= ((nib >> i) & 1) << j;
+                    }
+                }
+            }
+            for v in 0..32 {
+                for i in 0..4 {
+                    dst[48 + 4 * v + i] = g[lane(0, v, i)];
                 }
             }
         }

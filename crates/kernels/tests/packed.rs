@@ -29,7 +29,7 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
     let nb = rows * cols / ty.block_size() as usize;
     let mut w: Vec<u8> = (0..nb * ts).map(|_| rng.next() as u8).collect();
     let scales: &[usize] = match ty {
-        Q4_K => &[0, 2],
+        Q4_K | Q5_K => &[0, 2],
         Q6_K => &[208],
         _ => &[0],
     };
@@ -41,7 +41,7 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
     w
 }
 
-const PACKED: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, Q4_K, Q6_K];
+const PACKED: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K];
 
 #[test]
 fn packed_matmul_equals_portable() {

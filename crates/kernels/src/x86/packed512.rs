@@ -57,7 +57,8 @@ pub(crate) unsafe fn tile(ty: GgmlType, m: usize, t: &Tile) {
         GgmlType::Q8_0 => by_m!(legacy, Q8_0),
         GgmlType::Q4_0 => by_m!(legacy, Q4_0),
         GgmlType::Q5_0 => by_m!(legacy, Q5_0),
-        GgmlType::Q4_K => by_m!(q4_k),
+        GgmlType::Q4_K => by_m!(k45, false),
+        GgmlType::Q5_K => by_m!(k45, true),
         GgmlType::Q6_K => by_m!(q6_k),
         _ => {}
     }
@@ -169,14 +170,19 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
     }
 }
 
-/// Q4_K against Q8_K: `acc = (acc + (d·dy)·Σ_j sc_j Σ q a) − (dmin·dy)·Σ_j m_j bsum_j`,
-/// integer sums exact, as `portable::dot_q4_k` / `kq_acc`.
+/// Q4_K (and Q5_K with `Q5`: a fifth bit per weight) against Q8_K:
+/// `acc = (acc + (d·dy)·Σ_j sc_j Σ q a) − (dmin·dy)·Σ_j m_j bsum_j`, integer sums
+/// exact, as `portable::dot_q4_k` / `dot_q5_k` and `kq_acc`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4_k<const T: usize>(p: &Tile) {
+unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
     let nb = p.nb;
     let m4 = _mm512_set1_epi8(0xF);
-    let (sc_sec, mn_sec) = (nb * 2048, nb * (2048 + 128));
-    let (d_sec, dmin_sec) = (nb * (2048 + 256), nb * (2048 + 256 + 32));
+    let sixteen = _mm512_set1_epi8(16);
+    // Sections after the nibbles (Q5_K has its fifth bits first).
+    let hi_sec = nb * 2048;
+    let sc_sec = if Q5 { nb * (2048 + 512) } else { nb * 2048 };
+    let (mn_sec, d_sec) = (sc_sec + nb * 128, sc_sec + nb * 256);
+    let dmin_sec = d_sec + nb * 32;
     let mut facc = [_mm512_setzero_ps(); T];
     // SAFETY: as in `legacy`.
     unsafe {
@@ -186,11 +192,16 @@ unsafe fn q4_k<const T: usize>(p: &Tile) {
                 let mut iacc = [_mm512_setzero_si512(); T];
                 for kk in 0..8 {
                     let v = load512(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64));
-                    let w = if j % 2 == 0 {
+                    let mut w = if j % 2 == 0 {
                         _mm512_and_si512(v, m4)
                     } else {
                         _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)
                     };
+                    if Q5 {
+                        let at = hi_sec + b * 512 + (8 * j + kk) * 8;
+                        let bits = (p.w.add(at) as *const u64).read_unaligned();
+                        w = _mm512_mask_add_epi8(w, bits, w, sixteen);
+                    }
                     for (t, acc) in iacc.iter_mut().enumerate() {
                         let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 32 * j + 4 * kk));
                         *acc = _mm512_dpbusd_epi32(*acc, w, av);
