@@ -98,23 +98,6 @@ pub fn rope(
     }
 }
 
-/// Softmax in place, over finite and -inf entries.
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        return;
-    }
-    let mut sum = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,8 +125,5 @@ mod tests {
         assert!((y[0] + 0.5).abs() < 1e-6 && (y[1] - 1.5).abs() < 1e-6);
         assert_eq!(gelu(-20.0), 0.0);
         assert!((gelu(1.0) - 0.8413).abs() < 1e-3);
-        let mut s = [0.0, f32::NEG_INFINITY, 0.0];
-        softmax(&mut s);
-        assert_eq!(s, [0.5, 0.0, 0.5]);
     }
 }
