@@ -50,9 +50,12 @@ pub(crate) struct Tuning {
     pub force_splits: Option<usize>,
 }
 
+/// Measured on Gemma 3 270M's shape (`bench` below): a tile of 16 rows of 256 keeps
+/// the widened K and V tiles (32 KiB) in L1; 16-token blocks share each tile among 64
+/// query rows.
 pub(crate) const TUNING: Tuning = Tuning {
     block: 16,
-    tile: 32,
+    tile: 16,
     min_split: 256,
     tasks_per_thread: 2,
     force_splits: None,
@@ -529,5 +532,147 @@ mod tests {
         // A prefill batch has tasks enough.
         assert_eq!(at(4096, 512).len(), 32);
         assert_eq!(splits(&shape, &TUNING, &at(4096, 512), 2), 1);
+    }
+
+    /// The attention this module replaced: per (token, head), a full score vector, a
+    /// softmax, then one axpy per value, over f32 keys and values, split over
+    /// (token, head) pairs. Kept here only as the timing baseline of `bench`.
+    fn previous(
+        shape: &Shape,
+        keys: &[f32],
+        values: &[f32],
+        batch: &[BatchToken],
+        q: &[f32],
+        pool: &ThreadPool,
+    ) -> Vec<f32> {
+        let (nh, hk, hv) = (shape.n_head, shape.head_dim_k, shape.head_dim_v);
+        let group = nh / shape.n_head_kv;
+        let (kdim, vdim) = (shape.n_head_kv * hk, shape.n_head_kv * hv);
+        let parts = crate::tensor::parallel_ranges(batch.len() * nh, pool, |range| {
+            let mut out = vec![0f32; range.len() * hv];
+            let mut scores = Vec::new();
+            let mut qbuf = vec![0f32; hk];
+            for (i, w) in range.enumerate() {
+                let (t, head) = (w / nh, w % nh);
+                let bt = batch[t];
+                let kvh = head / group;
+                qbuf.copy_from_slice(&q[(t * nh + head) * hk..(t * nh + head + 1) * hk]);
+                KvPrecision::F16.round(&mut qbuf);
+                let lo = first(bt.pos, shape.window);
+                scores.clear();
+                for p in lo..=bt.pos {
+                    let k = &keys[p * kdim + kvh * hk..p * kdim + (kvh + 1) * hk];
+                    scores.push(dot_f32(&qbuf, k) * shape.scale);
+                }
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f64;
+                for v in scores.iter_mut() {
+                    *v = (*v - max).exp();
+                    sum += f64::from(*v);
+                }
+                let inv = (1.0 / sum) as f32;
+                let o = &mut out[i * hv..(i + 1) * hv];
+                for (j, p) in (lo..=bt.pos).enumerate() {
+                    let v = &values[p * vdim + kvh * hv..p * vdim + (kvh + 1) * hv];
+                    axpy_f32(o, scores[j] * inv, v);
+                }
+            }
+            out
+        });
+        parts.concat()
+    }
+
+    /// Timing on Gemma 3 270M's shape (4 q heads, 1 KV head, 256 wide) at 4096
+    /// positions of f16 cache: one decoded token (global and 512-window layers) and a
+    /// 512-token prefill, new vs previous, best of several runs (robust to a shared
+    /// machine). `cargo test --release -p llamay-engine --lib attention::tests::bench
+    /// -- --ignored --nocapture`
+    #[test]
+    #[ignore = "timing, not a check"]
+    fn bench() {
+        let threads: usize = std::env::var("LLAMAY_BENCH_THREADS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2);
+        let pool = ThreadPool::new(threads);
+        let (nh, nkv, hd) = (4, 1, 256);
+        let depth = 4096;
+        let mut rng = Rng(9);
+        let mut cache = KvCache::new(1, nkv * hd, nkv * hd, depth + 512, KvPrecision::F16);
+        for _ in 0..depth + 512 {
+            let k: Vec<f32> = (0..nkv * hd).map(|_| rng.f()).collect();
+            let v: Vec<f32> = (0..nkv * hd).map(|_| rng.f()).collect();
+            cache.append(0, &k, &v);
+        }
+        let (mut kb, mut vb) = (Vec::new(), Vec::new());
+        let n = depth + 512;
+        let keys = cache
+            .keys(0)
+            .tile(0, n, nkv * hd, 0, nkv * hd, &mut kb)
+            .0
+            .to_vec();
+        let values = cache
+            .values(0)
+            .tile(0, n, nkv * hd, 0, nkv * hd, &mut vb)
+            .0
+            .to_vec();
+        let best = |f: &mut dyn FnMut() -> Vec<f32>, reps: usize| {
+            (0..reps)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    std::hint::black_box(f());
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let caches = [cache];
+        for (name, window, len, reps) in [
+            ("decode d4096, global", None, 1, 200),
+            ("decode d4096, window 512", Some(512), 1, 200),
+            ("prefill 512 @ d4096, global", None, 512, 5),
+            ("prefill 512 @ d4096, window 512", Some(512), 512, 5),
+        ] {
+            let shape = Shape {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                scale: 0.0625,
+                softcap: None,
+                window,
+            };
+            let batch: Vec<BatchToken> = (depth..depth + len)
+                .map(|pos| BatchToken {
+                    seq: 0,
+                    token: 0,
+                    pos,
+                    logits: false,
+                })
+                .collect();
+            let q: Vec<f32> = (0..len * nh * hd).map(|_| rng.f()).collect();
+            let env = |k: &str, d: usize| {
+                std::env::var(k)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(d)
+            };
+            let tuning = Tuning {
+                block: env("LLAMAY_BENCH_BLOCK", TUNING.block),
+                tile: env("LLAMAY_BENCH_TILE", TUNING.tile),
+                ..TUNING
+            };
+            let new = best(
+                &mut || attention_with(&shape, &tuning, &caches, &batch, 0, &q, &pool),
+                reps,
+            );
+            let old = best(
+                &mut || previous(&shape, &keys, &values, &batch, &q, &pool),
+                reps,
+            );
+            eprintln!(
+                "{name}: {new:.3} ms (previous {old:.3} ms, {:.2}x), {threads} threads",
+                old / new
+            );
+        }
     }
 }

@@ -152,6 +152,7 @@ impl<'a> KvRows<'a> {
                 }
                 for (j, dst) in buf[..n * len].chunks_exact_mut(len).enumerate() {
                     let at = (p0 + j) * stride + off;
+                    // F16C when the CPU has it (half detects it at run time).
                     s[at..at + len].convert_to_f32_slice(dst);
                 }
                 (&buf[..n * len], len)
