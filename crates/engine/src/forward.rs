@@ -2,9 +2,10 @@
 //! batch-shaped decode: tokens of several sequences in one call.
 
 use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
+use crate::attention::{self, Shape};
 use crate::kv::KvCache;
-use crate::ops::{add_bias, gelu, layer_norm, rms_norm, rope, silu, softmax};
-use crate::tensor::{matmul, parallel_ranges};
+use crate::ops::{add_bias, gelu, layer_norm, rms_norm, rope, silu};
+use crate::tensor::matmul;
 use crate::weights::{Linear, Norm};
 use crate::{DecodeError, Model};
 use llamay_kernels::ThreadPool;
@@ -268,7 +269,8 @@ impl Model<'_> {
         down
     }
 
-    /// Causal attention of every batch token over its sequence's cache.
+    /// Causal attention of every batch token over its sequence's cache (see
+    /// [`crate::attention`]).
     fn attention(
         &self,
         caches: &[KvCache],
@@ -278,50 +280,15 @@ impl Model<'_> {
         swa: bool,
     ) -> Vec<f32> {
         let cfg = &self.config;
-        let (hk, hv) = (cfg.head_dim_k, cfg.head_dim_v);
-        let group = cfg.n_head / cfg.n_head_kv;
-        let n_work = batch.len() * cfg.n_head;
-        let parts = parallel_ranges(n_work, &self.pool, |range| {
-            let mut out = vec![0f32; range.len() * hv];
-            let mut scores = Vec::new();
-            let mut qbuf = vec![0f32; hk];
-            for (i, w) in range.enumerate() {
-                let (t, head) = (w / cfg.n_head, w % cfg.n_head);
-                let bt = batch[t];
-                let cache = &caches[bt.seq];
-                let (kdim, vdim) = cache.dims();
-                let keys = cache.keys(il);
-                let values = cache.values(il);
-                let kvh = head / group;
-                qbuf.copy_from_slice(
-                    &q[t * cfg.q_dim() + head * hk..t * cfg.q_dim() + (head + 1) * hk],
-                );
-                cache.precision().round(&mut qbuf);
-                let qv = &qbuf;
-                let first = if swa && cfg.n_swa > 0 {
-                    (bt.pos + 1).saturating_sub(cfg.n_swa)
-                } else {
-                    0
-                };
-                scores.clear();
-                for p in first..=bt.pos {
-                    let kv = &keys[p * kdim + kvh * hk..p * kdim + (kvh + 1) * hk];
-                    let mut s = llamay_kernels::dot_f32(qv, kv) * cfg.attn_scale;
-                    if let Some(c) = cfg.attn_softcap {
-                        s = (s / c).tanh() * c;
-                    }
-                    scores.push(s);
-                }
-                softmax(&mut scores);
-                let o = &mut out[i * hv..(i + 1) * hv];
-                for (j, p) in (first..=bt.pos).enumerate() {
-                    let vv = &values[p * vdim + kvh * hv..p * vdim + (kvh + 1) * hv];
-                    let wgt = scores[j];
-                    llamay_kernels::axpy_f32(o, wgt, vv);
-                }
-            }
-            out
-        });
-        parts.concat()
+        let shape = Shape {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim_k: cfg.head_dim_k,
+            head_dim_v: cfg.head_dim_v,
+            scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap,
+            window: (swa && cfg.n_swa > 0).then_some(cfg.n_swa),
+        };
+        attention::attention(&shape, caches, batch, il, q, &self.pool)
     }
 }

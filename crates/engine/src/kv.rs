@@ -1,14 +1,17 @@
 //! The KV cache of one sequence. The paged allocator and the quantised precisions plug
 //! in behind the same methods.
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 /// How keys and values are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvPrecision {
     /// Exact: what the projections produced.
     F32,
-    /// Rounded to f16, as llama.cpp's default cache (`-ctk f16 -ctv f16`) holds them;
-    /// queries are rounded to f16 for the Q·K product too, as its f16 dot does. Chosen
-    /// to reproduce llama.cpp's default numerics; stored widened (memory as f32).
+    /// Stored as f16, as llama.cpp's default cache (`-ctk f16 -ctv f16`) holds them
+    /// (half the memory of f32); queries are rounded to f16 for the Q·K product too, as
+    /// its f16 dot does, and products accumulate in f32.
     F16,
 }
 
@@ -21,10 +24,138 @@ impl KvPrecision {
         }
     }
 
+    /// Rounds `x` through this precision (a no-op for f32).
     pub(crate) fn round(self, x: &mut [f32]) {
         if self == KvPrecision::F16 {
             for v in x {
-                *v = half::f16::from_f32(*v).to_f32();
+                *v = f16::from_f32(*v).to_f32();
+            }
+        }
+    }
+
+    fn elem_bytes(self) -> usize {
+        match self {
+            KvPrecision::F32 => 4,
+            KvPrecision::F16 => 2,
+        }
+    }
+}
+
+/// Positions the storage grows by: the cache reserves whole chunks (never past the
+/// context size) instead of growing per token or doubling.
+const CHUNK: usize = 256;
+
+/// One layer's keys or values, `[len][dim]`, at the cache's precision.
+#[derive(Clone, Debug)]
+enum Store {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Store {
+    fn new(precision: KvPrecision) -> Self {
+        match precision {
+            KvPrecision::F32 => Store::F32(Vec::new()),
+            KvPrecision::F16 => Store::F16(Vec::new()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Store::F32(v) => v.len(),
+            Store::F16(v) => v.len(),
+        }
+    }
+
+    fn allocated(&self) -> usize {
+        match self {
+            Store::F32(v) => v.capacity() * 4,
+            Store::F16(v) => v.capacity() * 2,
+        }
+    }
+
+    /// Appends `x` (whole rows of `dim`), reserving whole chunks of positions up to
+    /// `max_rows`.
+    fn append(&mut self, x: &[f32], dim: usize, max_rows: usize) {
+        fn reserve<T>(v: &mut Vec<T>, extra: usize, dim: usize, max_rows: usize) {
+            let need = v.len() + extra;
+            if need > v.capacity() {
+                let rows = need.div_ceil(dim.max(1));
+                let target = rows.next_multiple_of(CHUNK).min(max_rows).max(rows) * dim;
+                v.reserve_exact(target - v.len());
+            }
+        }
+        match self {
+            Store::F32(v) => {
+                reserve(v, x.len(), dim, max_rows);
+                v.extend_from_slice(x);
+            }
+            Store::F16(v) => {
+                reserve(v, x.len(), dim, max_rows);
+                let start = v.len();
+                v.resize(start + x.len(), f16::ZERO);
+                // Round to nearest even, as f16::from_f32 (and F16C's conversion) does.
+                v[start..].convert_from_f32_slice(x);
+            }
+        }
+    }
+
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Store::F32(v) => v.truncate(n),
+            Store::F16(v) => v.truncate(n),
+        }
+    }
+
+    fn rows(&self) -> KvRows<'_> {
+        match self {
+            Store::F32(v) => KvRows::F32(v),
+            Store::F16(v) => KvRows::F16(v),
+        }
+    }
+}
+
+/// One layer's keys or values as attention reads them: `[positions][dim]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl<'a> KvRows<'a> {
+    /// Columns `off..off + len` of rows `p0..p0 + n` (rows `stride` apart) as f32:
+    /// borrowed from f32 storage, widened into `buf` from f16. Returns the rows and the
+    /// distance between them (row `j` is `rows[j * step..j * step + len]`).
+    pub(crate) fn tile<'b>(
+        self,
+        p0: usize,
+        n: usize,
+        stride: usize,
+        off: usize,
+        len: usize,
+        buf: &'b mut Vec<f32>,
+    ) -> (&'b [f32], usize)
+    where
+        'a: 'b,
+    {
+        if n == 0 {
+            return (&[], len);
+        }
+        match self {
+            KvRows::F32(s) => (
+                &s[p0 * stride + off..(p0 + n - 1) * stride + off + len],
+                stride,
+            ),
+            KvRows::F16(s) => {
+                if buf.len() < n * len {
+                    buf.resize(n * len, 0.0);
+                }
+                for (j, dst) in buf[..n * len].chunks_exact_mut(len).enumerate() {
+                    let at = (p0 + j) * stride + off;
+                    // F16C when the CPU has it (half detects it at run time).
+                    s[at..at + len].convert_to_f32_slice(dst);
+                }
+                (&buf[..n * len], len)
             }
         }
     }
@@ -37,8 +168,8 @@ pub struct KvCache {
     k_dim: usize,
     v_dim: usize,
     /// Per layer: keys `[len][k_dim]`, values `[len][v_dim]`.
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Store>,
+    v: Vec<Store>,
     len: usize,
     /// Most positions this sequence may hold (the context size).
     capacity: usize,
@@ -56,8 +187,8 @@ impl KvCache {
             precision,
             k_dim,
             v_dim,
-            k: vec![Vec::new(); n_layer],
-            v: vec![Vec::new(); n_layer],
+            k: (0..n_layer).map(|_| Store::new(precision)).collect(),
+            v: (0..n_layer).map(|_| Store::new(precision)).collect(),
             len: 0,
             capacity,
         }
@@ -80,14 +211,12 @@ impl KvCache {
         self.capacity
     }
 
-    /// Appends the keys and values of `n` new positions for `layer`; the caller appends
-    /// every layer, then calls [`KvCache::commit`].
+    /// Appends the keys and values of `n` new positions for `layer` (rounded to the
+    /// cache's precision); the caller appends every layer, then calls
+    /// [`KvCache::commit`].
     pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        let (ks, vs) = (self.k[layer].len(), self.v[layer].len());
-        self.k[layer].extend_from_slice(k);
-        self.v[layer].extend_from_slice(v);
-        self.precision.round(&mut self.k[layer][ks..]);
-        self.precision.round(&mut self.v[layer][vs..]);
+        self.k[layer].append(k, self.k_dim, self.capacity);
+        self.v[layer].append(v, self.v_dim, self.capacity);
     }
 
     pub(crate) fn commit(&mut self, n: usize) {
@@ -95,19 +224,20 @@ impl KvCache {
     }
 
     /// Keys of `layer` for positions `0..n` (including uncommitted ones of the batch).
-    pub(crate) fn keys(&self, layer: usize) -> &[f32] {
-        &self.k[layer]
+    pub(crate) fn keys(&self, layer: usize) -> KvRows<'_> {
+        self.k[layer].rows()
     }
 
-    pub(crate) fn values(&self, layer: usize) -> &[f32] {
-        &self.v[layer]
+    pub(crate) fn values(&self, layer: usize) -> KvRows<'_> {
+        self.v[layer].rows()
     }
 
     pub(crate) fn dims(&self) -> (usize, usize) {
         (self.k_dim, self.v_dim)
     }
 
-    /// Forgets positions from `pos` on (a new turn, a stop string).
+    /// Forgets positions from `pos` on (a new turn, a stop string). The memory stays
+    /// reserved for the positions that follow.
     pub fn truncate(&mut self, pos: usize) {
         if pos < self.len {
             for l in &mut self.k {
@@ -120,8 +250,59 @@ impl KvCache {
         }
     }
 
-    /// Bytes held.
+    /// Bytes the stored positions take at the cache's precision (2 per value for f16,
+    /// 4 for f32).
     pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|l| l.len() * 4).sum()
+        let elems: usize = self.k.iter().chain(&self.v).map(Store::len).sum();
+        elems * self.precision.elem_bytes()
+    }
+
+    /// Bytes allocated, including positions reserved ahead (at most one chunk of
+    /// [`CHUNK`] positions per layer beyond [`KvCache::bytes`], or what a truncation
+    /// left).
+    pub fn bytes_allocated(&self) -> usize {
+        self.k.iter().chain(&self.v).map(Store::allocated).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_cache_stores_half_the_bytes_and_rounds_like_f16() {
+        let (kd, vd) = (8, 4);
+        let mut a = KvCache::new(2, kd, vd, 1000, KvPrecision::F16);
+        let mut b = KvCache::new(2, kd, vd, 1000, KvPrecision::F32);
+        let k: Vec<f32> = (0..3 * kd).map(|i| i as f32 * 0.1234567 - 1.0).collect();
+        let v: Vec<f32> = (0..3 * vd).map(|i| i as f32 * -0.7654321 + 2.0).collect();
+        for c in [&mut a, &mut b] {
+            for l in 0..2 {
+                c.append(l, &k, &v);
+            }
+            c.commit(3);
+        }
+        assert_eq!(a.bytes() * 2, b.bytes());
+        assert_eq!(b.bytes(), 2 * 3 * (kd + vd) * 4);
+        assert!(a.bytes_allocated() >= a.bytes());
+        // Capacity is reserved in chunks, never past the context size.
+        assert!(a.bytes_allocated() <= 2 * CHUNK * (kd + vd) * 2);
+        let mut buf = Vec::new();
+        let (rows, step) = a.keys(1).tile(1, 2, kd, 2, 3, &mut buf);
+        assert_eq!(step, 3);
+        for j in 0..2 {
+            for c in 0..3 {
+                let want = f16::from_f32(k[(1 + j) * kd + 2 + c]).to_f32();
+                assert_eq!(rows[j * step + c], want);
+            }
+        }
+        let mut buf2 = Vec::new();
+        let (rows, step) = b.values(0).tile(2, 1, vd, 1, 2, &mut buf2);
+        assert_eq!((step, &rows[..2]), (vd, &v[2 * vd + 1..2 * vd + 3]));
+        a.truncate(1);
+        assert_eq!((a.len(), a.bytes()), (1, 2 * (kd + vd) * 2));
+        let mut small = KvCache::new(1, 4, 4, 3, KvPrecision::F32);
+        small.append(0, &[0.0; 4], &[0.0; 4]);
+        assert_eq!(small.bytes_allocated(), 2 * 3 * 4 * 4);
     }
 }

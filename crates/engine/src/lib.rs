@@ -6,6 +6,7 @@
 //! ```
 
 pub mod arch;
+mod attention;
 pub mod config;
 mod forward;
 pub mod kv;

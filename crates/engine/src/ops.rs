@@ -104,23 +104,6 @@ pub fn rope(
     }
 }
 
-/// Softmax in place, over finite and -inf entries.
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        return;
-    }
-    let mut sum = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,8 +137,5 @@ mod tests {
             let direct = f16::from_f32(gelu_tanh(f16::from_f32(x).to_f32())).to_f32();
             assert_eq!(gelu(x).to_bits(), direct.to_bits(), "gelu({x})");
         }
-        let mut s = [0.0, f32::NEG_INFINITY, 0.0];
-        softmax(&mut s);
-        assert_eq!(s, [0.5, 0.0, 0.5]);
     }
 }
