@@ -1,8 +1,9 @@
 //! The one runtime dispatch point: which kernel set this CPU (and the environment)
 //! allows, and which function computes a weight type's dot product under it.
 //!
-//! `LLAMAY_BACKEND=portable` forces the portable reference; `LLAMAY_CPU=avx2` (or
-//! `portable`) caps the SIMD level below what the CPU offers. Detection runs once.
+//! `LLAMAY_BACKEND=portable` forces the portable reference; `LLAMAY_CPU=<set name>`
+//! (`avx2`, `neon`, `neon-dotprod`, ..., or `portable`) caps the SIMD level below what
+//! the CPU offers; a set of another architecture caps to portable. Detection runs once.
 
 use crate::{DotFn, KernelSet, portable};
 use llamay_formats::GgmlType;
@@ -31,8 +32,40 @@ pub(crate) fn hardware() -> KernelSet {
                 return KernelSet::Avx2;
             }
         }
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        {
+            use std::arch::is_aarch64_feature_detected as has;
+            if has!("neon") {
+                if has!("dotprod") && has!("i8mm") {
+                    return KernelSet::NeonI8mm;
+                }
+                if has!("dotprod") {
+                    return KernelSet::NeonDotprod;
+                }
+                return KernelSet::Neon;
+            }
+        }
         KernelSet::Portable
     })
+}
+
+/// The architecture a set runs on (0 for portable, which runs anywhere).
+fn arch_of(set: KernelSet) -> u8 {
+    match set {
+        KernelSet::Portable => 0,
+        KernelSet::Avx2 | KernelSet::Avx512Vnni => 1,
+        KernelSet::Neon | KernelSet::NeonDotprod | KernelSet::NeonI8mm => 2,
+    }
+}
+
+/// `set` capped to `hw` (what a CPU offers): the lower of the two when both are of one
+/// architecture, else portable.
+pub(crate) fn cap(set: KernelSet, hw: KernelSet) -> KernelSet {
+    if arch_of(set) == arch_of(hw) {
+        set.min(hw)
+    } else {
+        KernelSet::Portable
+    }
 }
 
 /// The set in use: the hardware's, capped by `LLAMAY_BACKEND` / `LLAMAY_CPU`.
@@ -44,17 +77,21 @@ pub(crate) fn active() -> KernelSet {
         if backend.eq_ignore_ascii_case("portable") {
             return KernelSet::Portable;
         }
-        let cap = match std::env::var("LLAMAY_CPU")
-            .unwrap_or_default()
-            .to_ascii_lowercase()
-            .as_str()
-        {
-            "portable" | "generic" => KernelSet::Portable,
-            "avx2" => KernelSet::Avx2,
-            _ => KernelSet::Avx512Vnni,
-        };
-        hw.min(cap)
+        let cpu = std::env::var("LLAMAY_CPU").unwrap_or_default();
+        match env_cap(&cpu) {
+            Some(c) => cap(c, hw),
+            None => hw,
+        }
     })
+}
+
+/// The cap `LLAMAY_CPU` names: a set's name (or `generic` for portable); `None` (no
+/// cap) for anything else, including empty.
+fn env_cap(v: &str) -> Option<KernelSet> {
+    if v.eq_ignore_ascii_case("generic") {
+        return Some(KernelSet::Portable);
+    }
+    KernelSet::from_name(v)
 }
 
 /// A dot-product kernel chosen for a weight type under an available kernel set.
@@ -87,9 +124,10 @@ impl Kernel {
         }
         match self.f {
             Imp::Portable(f) => f(w, a, n),
-            // SAFETY: `Imp::Simd` is built only in `kernel` below, for a set no higher
-            // than `hardware()` (the is_x86_feature_detected checks for avx2+fma+f16c,
-            // and avx512f+bw+vl+vnni for the AVX-512 set); the lengths were checked above.
+            // SAFETY: `Imp::Simd` is built only in `kernel` below, for a set capped to
+            // `hardware()` (the is_x86_feature_detected checks for avx2+fma+f16c, and
+            // avx512f+bw+vl+vnni for the AVX-512 set; is_aarch64_feature_detected for
+            // neon, and dotprod for the dotprod/i8mm sets); the lengths were checked above.
             Imp::Simd(f) => unsafe { f(w, a, n) },
         }
     }
@@ -99,7 +137,7 @@ impl Kernel {
 /// the portable one where the set has no SIMD version; `None` for types llamay does not
 /// compute on.
 pub(crate) fn kernel(set: KernelSet, wty: GgmlType) -> Option<Kernel> {
-    let set = set.min(hardware());
+    let set = cap(set, hardware());
     let p = portable::dot_fn(wty)?;
     let f = simd_fn(set, wty).map_or(Imp::Portable(p), Imp::Simd);
     Some(Kernel {
@@ -112,7 +150,7 @@ pub(crate) fn kernel(set: KernelSet, wty: GgmlType) -> Option<Kernel> {
 
 /// Whether `set` has its own (non-portable) kernel for `wty` on this machine.
 pub(crate) fn has_simd(set: KernelSet, wty: GgmlType) -> bool {
-    simd_fn(set.min(hardware()), wty).is_some()
+    simd_fn(cap(set, hardware()), wty).is_some()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -141,10 +179,45 @@ fn simd_fn(set: KernelSet, wty: GgmlType) -> Option<SimdDotFn> {
         KernelSet::Portable => None,
         KernelSet::Avx2 => avx2_fn(wty),
         KernelSet::Avx512Vnni => avx512::dot_fn(wty).or_else(|| avx2_fn(wty)),
+        KernelSet::Neon | KernelSet::NeonDotprod | KernelSet::NeonI8mm => None,
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+fn simd_fn(set: KernelSet, wty: GgmlType) -> Option<SimdDotFn> {
+    crate::aarch64::dot_fn(set, wty)
+}
+
+#[cfg(not(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_endian = "little")
+)))]
 fn simd_fn(_set: KernelSet, _wty: GgmlType) -> Option<SimdDotFn> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use KernelSet::*;
+
+    #[test]
+    fn caps_stay_within_an_architecture() {
+        assert_eq!(cap(Avx2, Avx512Vnni), Avx2);
+        assert_eq!(cap(Avx512Vnni, Avx2), Avx2);
+        assert_eq!(cap(Neon, NeonI8mm), Neon);
+        assert_eq!(cap(NeonI8mm, NeonDotprod), NeonDotprod);
+        assert_eq!(cap(NeonDotprod, Neon), Neon);
+        assert_eq!(cap(Avx2, NeonDotprod), Portable);
+        assert_eq!(cap(Neon, Avx512Vnni), Portable);
+        assert_eq!(cap(Portable, NeonI8mm), Portable);
+        assert_eq!(cap(Neon, Portable), Portable);
+        for s in KernelSet::ALL {
+            assert_eq!(KernelSet::from_name(s.name()), Some(s));
+            assert_eq!(env_cap(&s.name().to_ascii_uppercase()), Some(s));
+        }
+        assert_eq!(env_cap("generic"), Some(Portable));
+        assert_eq!(env_cap(""), None);
+        assert_eq!(env_cap("sve"), None);
+    }
 }

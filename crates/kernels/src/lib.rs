@@ -1,6 +1,7 @@
 //! CPU compute kernels: quantised dot products and matmul per weight format (a portable
 //! reference and x86 SIMD versions behind one runtime dispatch point), activation
-//! quantisation, and a persistent thread pool.
+//! quantisation, and a persistent thread pool. (x86-64: AVX2, AVX-512 VNNI; aarch64:
+//! NEON, NEON + dotprod.)
 //!
 //! Semantics are ggml's (`ggml_vec_dot_*`): the activation is quantised to the weight
 //! type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), integer sums are formed
@@ -11,6 +12,8 @@
 
 use llamay_formats::GgmlType;
 
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+mod aarch64;
 mod dispatch;
 mod packed;
 mod pool;
@@ -26,7 +29,10 @@ pub use vecf32::{axpy_f32, dot_f32};
 
 pub(crate) type DotFn = fn(&[u8], &[u8], usize) -> f32;
 
-/// A set of kernels, in increasing order of what the CPU must offer.
+/// A set of kernels. Within one architecture's sets (x86-64: `Avx2 < Avx512Vnni`;
+/// aarch64: `Neon < NeonDotprod < NeonI8mm`) the order is increasing order of what the
+/// CPU must offer, and `Portable` is below all; sets of different architectures do not
+/// cap one another (see `is_available`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum KernelSet {
     /// Plain Rust, the reference (`LLAMAY_BACKEND=portable`).
@@ -35,6 +41,13 @@ pub enum KernelSet {
     Avx2,
     /// AVX-512 F/BW/VL + VNNI (falls back to AVX2 for formats without one).
     Avx512Vnni,
+    /// aarch64 NEON (ARMv8-A baseline).
+    Neon,
+    /// NEON + the `dotprod` extension (`sdot`).
+    NeonDotprod,
+    /// NEON + dotprod + `i8mm`: detected, runs the dotprod kernels for now (`smmla`
+    /// needs two-row tiles that `vec_dot` does not have).
+    NeonI8mm,
 }
 
 impl KernelSet {
@@ -43,17 +56,38 @@ impl KernelSet {
             KernelSet::Portable => "portable",
             KernelSet::Avx2 => "avx2",
             KernelSet::Avx512Vnni => "avx512vnni",
+            KernelSet::Neon => "neon",
+            KernelSet::NeonDotprod => "neon-dotprod",
+            KernelSet::NeonI8mm => "neon-i8mm",
         }
     }
 
-    /// Whether this CPU can run the set.
+    /// The set named `name` (as `name()` spells it, ASCII case ignored).
+    pub fn from_name(name: &str) -> Option<KernelSet> {
+        KernelSet::ALL
+            .into_iter()
+            .find(|s| s.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Every set, portable first, then each architecture's in increasing order.
+    pub const ALL: [KernelSet; 6] = [
+        KernelSet::Portable,
+        KernelSet::Avx2,
+        KernelSet::Avx512Vnni,
+        KernelSet::Neon,
+        KernelSet::NeonDotprod,
+        KernelSet::NeonI8mm,
+    ];
+
+    /// Whether this CPU can run the set: portable, or a set of this CPU's architecture
+    /// no higher than what it offers.
     pub fn is_available(self) -> bool {
-        self <= dispatch::hardware()
+        dispatch::cap(self, dispatch::hardware()) == self
     }
 
     /// Every set this CPU can run, portable first.
     pub fn available() -> Vec<KernelSet> {
-        [KernelSet::Portable, KernelSet::Avx2, KernelSet::Avx512Vnni]
+        KernelSet::ALL
             .into_iter()
             .filter(|s| s.is_available())
             .collect()
@@ -70,7 +104,8 @@ pub fn active_kernel_set() -> KernelSet {
     dispatch::active()
 }
 
-/// The name of the kernel set in use: "avx512vnni", "avx2" or "portable".
+/// The name of the kernel set in use: "avx512vnni", "avx2", "neon-i8mm", "neon-dotprod",
+/// "neon" or "portable".
 pub fn kernel_set() -> &'static str {
     dispatch::active().name()
 }
@@ -129,7 +164,7 @@ mod quant_simd {
 
 fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
     #[cfg(target_arch = "x86_64")]
-    if dispatch::active() >= KernelSet::Avx2 {
+    if matches!(dispatch::active(), KernelSet::Avx2 | KernelSet::Avx512Vnni) {
         match ty {
             GgmlType::Q8_0 => return Some(quant_simd::q8_0),
             GgmlType::Q8_K => return Some(quant_simd::q8_k),

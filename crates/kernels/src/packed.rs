@@ -105,7 +105,8 @@ pub fn packable(ty: GgmlType, rows: usize, cols: usize) -> bool {
 
 fn packable_with(set: KernelSet, ty: GgmlType, rows: usize, cols: usize) -> bool {
     cfg!(target_arch = "x86_64")
-        && set.min(dispatch::hardware()) >= KernelSet::Avx512Vnni
+        && set == KernelSet::Avx512Vnni
+        && dispatch::hardware() == KernelSet::Avx512Vnni
         && sections(ty).is_some()
         && rows > 0
         && rows.is_multiple_of(GROUP_ROWS)
@@ -440,6 +441,8 @@ fn unpack_block(
 /// matmul: the f32 scale of every block and the integer start values of the block sums
 /// (`-offset · Σq` for the legacy formats, `-32 · bsum` per 16 for Q6_K, the paired
 /// 32-element sums for Q4_K's mins).
+// Read only by the x86 kernels; elsewhere nothing packs (`packable`).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct ActPrep {
     pub dy: Vec<f32>,
     pub aux: Vec<i32>,

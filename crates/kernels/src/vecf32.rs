@@ -1,8 +1,6 @@
 //! f32 vector primitives for attention (Q·K and the weighted sum of V): a portable
 //! reference and an AVX2+FMA version chosen at the one dispatch point.
 
-use crate::KernelSet;
-
 /// Portable dot product: eight independent accumulators, fixed order.
 pub(crate) fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
@@ -91,8 +89,9 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 fn simd() -> bool {
-    crate::dispatch::active() >= KernelSet::Avx2
+    crate::dispatch::active() >= crate::KernelSet::Avx2
 }
 
 /// `Σ a[i]·b[i]` over the shorter length.

@@ -329,8 +329,41 @@ fn matmul_shape_mismatch_fills_nan() {
 
 #[test]
 fn kernel_set_is_named() {
-    assert!(["portable", "avx2", "avx512vnni"].contains(&kernel_set()));
+    let names = [
+        "portable",
+        "avx2",
+        "avx512vnni",
+        "neon",
+        "neon-dotprod",
+        "neon-i8mm",
+    ];
+    assert!(names.contains(&kernel_set()));
     assert!(KernelSet::Portable.is_available());
+    // The script that runs these tests on a chosen CPU (scripts/test-aarch64, under
+    // qemu) says which set that CPU must get.
+    if let Ok(want) = std::env::var("LLAMAY_EXPECT_KERNEL_SET") {
+        assert_eq!(kernel_set(), want);
+    }
+}
+
+/// Every format with an x86 SIMD kernel has one in each SIMD set (x86 and aarch64).
+#[test]
+fn simd_sets_cover_the_block_formats() {
+    for set in KernelSet::available() {
+        if set == KernelSet::Portable {
+            continue;
+        }
+        for ty in [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+        ] {
+            assert!(set.has_kernel(ty), "{set:?} {ty}");
+        }
+        for ty in [
+            IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, MXFP4,
+        ] {
+            assert!(!set.has_kernel(ty), "{set:?} {ty}");
+        }
+    }
 }
 
 /// ggml-cpu's x86 `quantize_row_q8_0` / `quantize_row_q8_1`, written out independently:
