@@ -16,7 +16,8 @@
 
 use crate::forward::BatchToken;
 use crate::kv::KvCache;
-use llamay_kernels::{ThreadPool, axpy_f32, dot_f32};
+use llamay_kernels::attn_tile::{TILE, pv_tile, scores_tile};
+use llamay_kernels::{ThreadPool, axpy_f32};
 use std::sync::OnceLock;
 
 /// What one layer's attention computes.
@@ -253,47 +254,71 @@ fn run_task(
     let (kdim, vdim) = cache.dims();
     let (keys, values) = (cache.keys(il), cache.values(il));
     let (mut kbuf, mut vbuf) = (Vec::new(), Vec::new());
-    let mut scores = vec![0f32; tile];
+    // The tile's keys transposed (`hk × TILE`, the keys in SIMD lanes) and its values
+    // (`TILE × hv`), zero past the range's end; the scores, then the weights, of every row.
+    let mut kt = vec![0f32; hk * TILE];
+    let mut vt = vec![0f32; TILE * hv];
+    let mut s = vec![0f32; rows * TILE];
+    let step = tile.clamp(1, TILE);
     let mut ts = range.start;
     while ts < range.end {
-        let te = (ts + tile).min(range.end);
-        let (kt, ks) = keys.tile(ts, te - ts, kdim, kvh * hk, hk, &mut kbuf);
-        let (vt, vs) = values.tile(ts, te - ts, vdim, kvh * hv, hv, &mut vbuf);
+        let te = (ts + step).min(range.end);
+        let n = te - ts;
+        let (krows, ks) = keys.tile(ts, n, kdim, kvh * hk, hk, &mut kbuf);
+        let (vrows, vs) = values.tile(ts, n, vdim, kvh * hv, hv, &mut vbuf);
+        kt.fill(0.0);
+        for j in 0..n {
+            for (d, &k) in krows[j * ks..j * ks + hk].iter().enumerate() {
+                kt[d * TILE + j] = k;
+            }
+        }
+        vt.fill(0.0);
+        for j in 0..n {
+            vt[j * hv..(j + 1) * hv].copy_from_slice(&vrows[j * vs..j * vs + hv]);
+        }
+        scores_tile(&qs, rows, hk, &kt, &mut s);
         for i in 0..block.n {
             let pos = block.pos0 + i;
-            let (a, b) = (first(pos, shape.window).max(ts), (pos + 1).min(te));
-            if a >= b {
-                continue;
-            }
+            // Tile-local positions this token sees.
+            let (a, b) = (
+                first(pos, shape.window).max(ts) - ts,
+                (pos + 1).min(te).saturating_sub(ts),
+            );
             for r in i * group..(i + 1) * group {
-                let qr = &qs[r * hk..(r + 1) * hk];
-                let sc = &mut scores[..b - a];
-                let mut mt = f32::NEG_INFINITY;
-                for (j, s) in (a - ts..b - ts).zip(sc.iter_mut()) {
-                    let mut v = dot_f32(qr, &kt[j * ks..j * ks + hk]) * shape.scale;
-                    if let Some(c) = shape.softcap {
-                        v = (v / c).tanh() * c;
-                    }
-                    *s = v;
-                    mt = mt.max(v);
+                let srow = &mut s[r * TILE..(r + 1) * TILE];
+                if a >= b {
+                    srow.fill(0.0);
+                    continue;
                 }
-                let ar = &mut acc[r * hv..(r + 1) * hv];
+                let mut mt = f32::NEG_INFINITY;
+                for v in &mut srow[a..b] {
+                    *v *= shape.scale;
+                    if let Some(c) = shape.softcap {
+                        *v = (*v / c).tanh() * c;
+                    }
+                    mt = mt.max(*v);
+                }
                 let mn = m[r].max(mt);
                 if mn > m[r] {
                     if m[r] != f32::NEG_INFINITY {
                         let c = (m[r] - mn).exp();
                         l[r] *= c;
-                        ar.iter_mut().for_each(|x| *x *= c);
+                        acc[r * hv..(r + 1) * hv].iter_mut().for_each(|x| *x *= c);
                     }
                     m[r] = mn;
                 }
-                for (j, s) in (a - ts..b - ts).zip(sc.iter()) {
-                    let p = (s - mn).exp();
-                    l[r] += p;
-                    axpy_f32(ar, p, &vt[j * vs..j * vs + hv]);
+                for (j, v) in srow.iter_mut().enumerate() {
+                    *v = if (a..b).contains(&j) {
+                        let p = (*v - mn).exp();
+                        l[r] += p;
+                        p
+                    } else {
+                        0.0
+                    };
                 }
             }
         }
+        pv_tile(&s, rows, &vt, hv, &mut acc);
         ts = te;
     }
     Partial { m, l, acc }
@@ -562,7 +587,7 @@ mod tests {
                 scores.clear();
                 for p in lo..=bt.pos {
                     let k = &keys[p * kdim + kvh * hk..p * kdim + (kvh + 1) * hk];
-                    scores.push(dot_f32(&qbuf, k) * shape.scale);
+                    scores.push(llamay_kernels::dot_f32(&qbuf, k) * shape.scale);
                 }
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0f64;

@@ -14,6 +14,7 @@ use llamay_formats::GgmlType;
 
 #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
 mod aarch64;
+pub mod attn_tile;
 mod dispatch;
 mod packed;
 mod pool;

@@ -1,0 +1,206 @@
+//! The two small products of tiled attention, over a tile of `TILE` key positions:
+//! scores `S = Q · Kᵀ` with the keys stored transposed (`kt[d][j]`, so the tile's keys
+//! sit in SIMD lanes and no horizontal sums are needed), and `Acc += P · V`. A portable
+//! reference and an AVX2+FMA version behind the one dispatch point; they agree within
+//! f32 rounding (the order of the additions over `d` is the same, FMA vs mul+add aside).
+
+/// Key positions per tile.
+pub const TILE: usize = 16;
+
+/// `s[r][j] = Σ_d q[r][d] · kt[d][j]` for `r < rows`, `j < TILE`; `q` is `rows × hk`,
+/// `kt` is `hk × TILE`, `s` is `rows × TILE`.
+pub fn scores_tile(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
+    let ok = q.len() >= rows * hk && kt.len() >= hk * TILE && s.len() >= rows * TILE;
+    if !ok {
+        debug_assert!(false, "scores_tile: shapes do not match");
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: lengths checked above; AVX2+FMA reported by the dispatch.
+        return unsafe { avx2::scores(q, rows, hk, kt, s) };
+    }
+    scores_portable(q, rows, hk, kt, s)
+}
+
+/// `acc[r][c] += Σ_j p[r][j] · v[j][c]` for `r < rows`, `c < hv`; `p` is `rows × TILE`,
+/// `v` is `TILE × hv`, `acc` is `rows × hv`.
+pub fn pv_tile(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
+    let ok = p.len() >= rows * TILE && v.len() >= TILE * hv && acc.len() >= rows * hv;
+    if !ok {
+        debug_assert!(false, "pv_tile: shapes do not match");
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: as in `scores_tile`.
+        return unsafe { avx2::pv(p, rows, v, hv, acc) };
+    }
+    pv_portable(p, rows, v, hv, acc)
+}
+
+pub(crate) fn scores_portable(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
+    for r in 0..rows {
+        let mut acc = [0f32; TILE];
+        for d in 0..hk {
+            let qd = q[r * hk + d];
+            for (a, k) in acc.iter_mut().zip(&kt[d * TILE..(d + 1) * TILE]) {
+                *a += qd * k;
+            }
+        }
+        s[r * TILE..(r + 1) * TILE].copy_from_slice(&acc);
+    }
+}
+
+pub(crate) fn pv_portable(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
+    for r in 0..rows {
+        let a = &mut acc[r * hv..(r + 1) * hv];
+        for j in 0..TILE {
+            let w = p[r * TILE + j];
+            for (x, vv) in a.iter_mut().zip(&v[j * hv..(j + 1) * hv]) {
+                *x += w * vv;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd() -> bool {
+    matches!(
+        crate::dispatch::active(),
+        crate::KernelSet::Avx2 | crate::KernelSet::Avx512Vnni
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::TILE;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX2 + FMA; shapes as `scores_tile` checks.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scores(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
+        let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), s.as_mut_ptr());
+        let mut r = 0;
+        // SAFETY: row r + i < rows, d < hk, 16 lanes per kt row: all inside the checked
+        // lengths.
+        unsafe {
+            while r + 4 <= rows {
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                for d in 0..hk {
+                    let k0 = _mm256_loadu_ps(kp.add(d * TILE));
+                    let k1 = _mm256_loadu_ps(kp.add(d * TILE + 8));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let qb = _mm256_set1_ps(*qp.add((r + i) * hk + d));
+                        a[0] = _mm256_fmadd_ps(qb, k0, a[0]);
+                        a[1] = _mm256_fmadd_ps(qb, k1, a[1]);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(sp.add((r + i) * TILE), a[0]);
+                    _mm256_storeu_ps(sp.add((r + i) * TILE + 8), a[1]);
+                }
+                r += 4;
+            }
+            while r < rows {
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                for d in 0..hk {
+                    let qb = _mm256_set1_ps(*qp.add(r * hk + d));
+                    a0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(kp.add(d * TILE)), a0);
+                    a1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(kp.add(d * TILE + 8)), a1);
+                }
+                _mm256_storeu_ps(sp.add(r * TILE), a0);
+                _mm256_storeu_ps(sp.add(r * TILE + 8), a1);
+                r += 1;
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2 + FMA; shapes as `pv_tile` checks.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pv(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
+        let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: r < rows, j < TILE, c + 8 <= hv (scalar tail below): inside the
+        // checked lengths.
+        unsafe {
+            for r in 0..rows {
+                let a_row = ap.add(r * hv);
+                let mut c0 = 0;
+                while c0 + 64 <= hv {
+                    let mut a = [_mm256_setzero_ps(); 8];
+                    for (u, x) in a.iter_mut().enumerate() {
+                        *x = _mm256_loadu_ps(a_row.add(c0 + 8 * u));
+                    }
+                    for j in 0..TILE {
+                        let w = _mm256_set1_ps(*pp.add(r * TILE + j));
+                        let vr = vp.add(j * hv + c0);
+                        for (u, x) in a.iter_mut().enumerate() {
+                            *x = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr.add(8 * u)), *x);
+                        }
+                    }
+                    for (u, x) in a.iter().enumerate() {
+                        _mm256_storeu_ps(a_row.add(c0 + 8 * u), *x);
+                    }
+                    c0 += 64;
+                }
+                while c0 + 8 <= hv {
+                    let mut x = _mm256_loadu_ps(a_row.add(c0));
+                    for j in 0..TILE {
+                        let w = _mm256_set1_ps(*pp.add(r * TILE + j));
+                        x = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp.add(j * hv + c0)), x);
+                    }
+                    _mm256_storeu_ps(a_row.add(c0), x);
+                    c0 += 8;
+                }
+                for c in c0..hv {
+                    let mut x = *a_row.add(c);
+                    for j in 0..TILE {
+                        x += *pp.add(r * TILE + j) * *vp.add(j * hv + c);
+                    }
+                    *a_row.add(c) = x;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simd_tiles_match_portable() {
+        let mut s = 11u32;
+        let mut next = || {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (rows, hk, hv) in [(1, 64, 64), (5, 256, 256), (9, 80, 72), (3, 7, 13)] {
+            let q: Vec<f32> = (0..rows * hk).map(|_| next()).collect();
+            let kt: Vec<f32> = (0..hk * TILE).map(|_| next()).collect();
+            let (mut s1, mut s2) = (vec![0f32; rows * TILE], vec![0f32; rows * TILE]);
+            scores_tile(&q, rows, hk, &kt, &mut s1);
+            scores_portable(&q, rows, hk, &kt, &mut s2);
+            for (a, b) in s1.iter().zip(&s2) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "scores {rows}x{hk}: {a} vs {b}"
+                );
+            }
+            let p: Vec<f32> = (0..rows * TILE).map(|_| next()).collect();
+            let v: Vec<f32> = (0..TILE * hv).map(|_| next()).collect();
+            let init: Vec<f32> = (0..rows * hv).map(|_| next()).collect();
+            let (mut a1, mut a2) = (init.clone(), init);
+            pv_tile(&p, rows, &v, hv, &mut a1);
+            pv_portable(&p, rows, &v, hv, &mut a2);
+            for (a, b) in a1.iter().zip(&a2) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "pv {rows}x{hv}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
