@@ -4,7 +4,7 @@
 use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
 use crate::attention::{self, Shape};
 use crate::kv::KvCache;
-use crate::ops::{add_bias, gelu, layer_norm, rms_norm, rope, silu};
+use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm, rope_angles, rope_rotate, silu};
 use crate::tensor::matmul;
 use crate::weights::{Linear, Norm};
 use crate::{DecodeError, Model};
@@ -159,20 +159,14 @@ impl Model<'_> {
             };
             if arch.rope != RopeStyle::None {
                 let ff = self.weights.rope_freqs.as_deref();
+                let mut angles = Vec::with_capacity(cfg.n_rot / 2);
                 for (t, bt) in batch.iter().enumerate() {
                     let pos = bt.pos as f32;
                     let q_heads = q[t * qd..(t + 1) * qd].chunks_mut(hk);
                     let k_heads = k[t * kd..(t + 1) * kd].chunks_mut(hk);
+                    rope_angles(pos, cfg.n_rot, base, cfg.rope_freq_scale, ff, &mut angles);
                     for head in q_heads.chain(k_heads) {
-                        rope(
-                            head,
-                            pos,
-                            cfg.n_rot,
-                            base,
-                            cfg.rope_freq_scale,
-                            arch.rope,
-                            ff,
-                        );
+                        rope_rotate(head, &angles, arch.rope);
                     }
                 }
             }
@@ -252,15 +246,16 @@ impl Model<'_> {
             FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu => {
                 if let Some(gate) = &layer.ffn_gate {
                     let g = linear(gate, h, n, threads);
-                    let act = if self.config.arch.ffn == FfnKind::GeGlu {
-                        gelu
+                    let mut g = g;
+                    if self.config.arch.ffn == FfnKind::GeGlu {
+                        gelu_slice(&mut g);
                     } else {
-                        silu
-                    };
-                    up.iter_mut().zip(&g).for_each(|(u, g)| *u *= act(*g));
+                        g.iter_mut().for_each(|v| *v = silu(*v));
+                    }
+                    up.iter_mut().zip(&g).for_each(|(u, g)| *u *= g);
                 }
             }
-            FfnKind::Gelu => up.iter_mut().for_each(|u| *u = gelu(*u)),
+            FfnKind::Gelu => gelu_slice(&mut up),
         }
         let mut down = linear(&layer.ffn_down, &up, n, threads);
         if let Some(w) = &layer.post_ffn_norm {

@@ -59,6 +59,8 @@ static GELU_F16: std::sync::LazyLock<Vec<u16>> = std::sync::LazyLock::new(|| {
 
 /// GELU (tanh form) as ggml's CPU backend computes it: through an f16 lookup table,
 /// i.e. the input rounded to f16 and the result rounded to f16, exact outside ±10.
+/// The element-wise reference of [`gelu_slice`].
+#[cfg(test)]
 pub fn gelu(x: f32) -> f32 {
     if x <= -10.0 {
         0.0
@@ -69,13 +71,73 @@ pub fn gelu(x: f32) -> f32 {
     }
 }
 
+/// [`gelu`] over a slice: the f16 conversions run a block at a time (F16C when the CPU
+/// has it); same values as `gelu` element by element.
+pub fn gelu_slice(x: &mut [f32]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    let mut bits = [0u16; 256];
+    for chunk in x.chunks_mut(256) {
+        let b = &mut bits[..chunk.len()];
+        b.reinterpret_cast_mut::<f16>()
+            .convert_from_f32_slice(chunk);
+        for (v, h) in chunk.iter_mut().zip(b.iter()) {
+            *v = if *v <= -10.0 {
+                0.0
+            } else if *v >= 10.0 {
+                *v
+            } else {
+                f16::from_bits(GELU_F16[*h as usize]).to_f32()
+            };
+        }
+    }
+}
+
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// The (cos, sin) of each rotated pair at position `pos` (ggml's rope cache: the angle
+/// of pair `i` is `pos · freq_scale · base^(−2i/n_rot)`, built by repeated
+/// multiplication, divided by `freq_factors[i]` when given).
+pub fn rope_angles(
+    pos: f32,
+    n_rot: usize,
+    base: f32,
+    freq_scale: f32,
+    freq_factors: Option<&[f32]>,
+    out: &mut Vec<(f32, f32)>,
+) {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos * freq_scale;
+    out.clear();
+    for i in 0..n_rot / 2 {
+        let ff = freq_factors.map_or(1.0, |f| f[i]);
+        let (sin, cos) = (theta / ff).sin_cos();
+        out.push((cos, sin));
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates the first `2 · angles.len()` dimensions of one head vector (the rest pass
+/// through) by `angles` from [`rope_angles`].
+pub fn rope_rotate(x: &mut [f32], angles: &[(f32, f32)], style: RopeStyle) {
+    let half = angles.len();
+    for (i, &(cos, sin)) in angles.iter().enumerate() {
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::Neox => (i, i + half),
+            RopeStyle::None => return,
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * cos - x1 * sin;
+        x[b] = x0 * sin + x1 * cos;
+    }
 }
 
 /// Rotary embedding of one head vector at position `pos`: the first `n_rot`
 /// dimensions rotate, the rest pass through. `freq_factors` (llama3-style
 /// `rope_freqs`) divide each pair's frequency.
+#[cfg(test)]
 pub fn rope(
     x: &mut [f32],
     pos: f32,
@@ -85,23 +147,9 @@ pub fn rope(
     style: RopeStyle,
     freq_factors: Option<&[f32]>,
 ) {
-    let theta_scale = base.powf(-2.0 / n_rot as f32);
-    let half = n_rot / 2;
-    let mut theta = pos * freq_scale;
-    for i in 0..half {
-        let ff = freq_factors.map_or(1.0, |f| f[i]);
-        let t = theta / ff;
-        let (sin, cos) = t.sin_cos();
-        let (a, b) = match style {
-            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-            RopeStyle::Neox => (i, i + half),
-            RopeStyle::None => return,
-        };
-        let (x0, x1) = (x[a], x[b]);
-        x[a] = x0 * cos - x1 * sin;
-        x[b] = x0 * sin + x1 * cos;
-        theta *= theta_scale;
-    }
+    let mut angles = Vec::new();
+    rope_angles(pos, n_rot, base, freq_scale, freq_factors, &mut angles);
+    rope_rotate(x, &angles, style);
 }
 
 #[cfg(test)]
@@ -131,6 +179,10 @@ mod tests {
         assert!((y[0] + 0.5).abs() < 1e-6 && (y[1] - 1.5).abs() < 1e-6);
         assert_eq!(gelu(-20.0), 0.0);
         assert!((gelu(1.0) - 0.8413).abs() < 1e-3);
+        let mut xs: Vec<f32> = (-3000..3000).map(|i| i as f32 * 0.0041).collect();
+        let want: Vec<f32> = xs.iter().map(|&x| gelu(x)).collect();
+        gelu_slice(&mut xs);
+        assert_eq!(xs, want);
         // The table is ggml's: the input and the result rounded through f16.
         for i in -3600..3600 {
             let x = i as f32 * 0.002_718;
