@@ -16,7 +16,7 @@
 
 use crate::forward::BatchToken;
 use crate::kv::KvCache;
-use llamay_kernels::attn_tile::{TILE, pv_tile, scores_tile};
+use llamay_kernels::attn_tile::{TILE, exp_tile, pv_tile, scores_tile};
 use llamay_kernels::{ThreadPool, axpy_f32};
 use std::sync::OnceLock;
 
@@ -266,13 +266,16 @@ fn run_task(
         let n = te - ts;
         let (krows, ks) = keys.tile(ts, n, kdim, kvh * hk, hk, &mut kbuf);
         let (vrows, vs) = values.tile(ts, n, vdim, kvh * hv, hv, &mut vbuf);
-        kt.fill(0.0);
+        if n < TILE {
+            // Keys and values past the range's end must not contribute.
+            kt.fill(0.0);
+            vt[n * hv..].fill(0.0);
+        }
         for j in 0..n {
             for (d, &k) in krows[j * ks..j * ks + hk].iter().enumerate() {
                 kt[d * TILE + j] = k;
             }
         }
-        vt.fill(0.0);
         for j in 0..n {
             vt[j * hv..(j + 1) * hv].copy_from_slice(&vrows[j * vs..j * vs + hv]);
         }
@@ -285,12 +288,15 @@ fn run_task(
                 (pos + 1).min(te).saturating_sub(ts),
             );
             for r in i * group..(i + 1) * group {
-                let srow = &mut s[r * TILE..(r + 1) * TILE];
+                let srow: &mut [f32; TILE] = (&mut s[r * TILE..(r + 1) * TILE])
+                    .try_into()
+                    .expect("a score row is TILE long");
                 if a >= b {
                     srow.fill(0.0);
                     continue;
                 }
                 let mut mt = f32::NEG_INFINITY;
+                srow[..a].fill(f32::NEG_INFINITY);
                 for v in &mut srow[a..b] {
                     *v *= shape.scale;
                     if let Some(c) = shape.softcap {
@@ -307,15 +313,8 @@ fn run_task(
                     }
                     m[r] = mn;
                 }
-                for (j, v) in srow.iter_mut().enumerate() {
-                    *v = if (a..b).contains(&j) {
-                        let p = (*v - mn).exp();
-                        l[r] += p;
-                        p
-                    } else {
-                        0.0
-                    };
-                }
+                // Weights: exp(s − max) for the visible positions, 0 elsewhere.
+                l[r] += exp_tile(srow, b, mn);
             }
         }
         pv_tile(&s, rows, &vt, hv, &mut acc);

@@ -16,9 +16,12 @@ pub fn scores_tile(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32])
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: lengths checked above; AVX2+FMA reported by the dispatch.
-        return unsafe { avx2::scores(q, rows, hk, kt, s) };
+    match simd() {
+        // SAFETY: lengths checked above; the dispatch reports Avx512Vnni only when the
+        // CPU has avx512f (and AVX2+FMA), Avx2 only with AVX2+FMA.
+        Some(true) => return unsafe { avx512::scores(q, rows, hk, kt, s) },
+        Some(false) => return unsafe { avx2::scores(q, rows, hk, kt, s) },
+        None => {}
     }
     scores_portable(q, rows, hk, kt, s)
 }
@@ -32,9 +35,11 @@ pub fn pv_tile(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if simd() {
+    match simd() {
         // SAFETY: as in `scores_tile`.
-        return unsafe { avx2::pv(p, rows, v, hv, acc) };
+        Some(true) => return unsafe { avx512::pv(p, rows, v, hv, acc) },
+        Some(false) => return unsafe { avx2::pv(p, rows, v, hv, acc) },
+        None => {}
     }
     pv_portable(p, rows, v, hv, acc)
 }
@@ -64,12 +69,32 @@ pub(crate) fn pv_portable(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mu
     }
 }
 
+/// `Some(true)` for AVX-512, `Some(false)` for AVX2, `None` for portable.
 #[cfg(target_arch = "x86_64")]
-fn simd() -> bool {
-    matches!(
-        crate::dispatch::active(),
-        crate::KernelSet::Avx2 | crate::KernelSet::Avx512Vnni
-    )
+fn simd() -> Option<bool> {
+    match crate::dispatch::active() {
+        crate::KernelSet::Avx512Vnni => Some(true),
+        crate::KernelSet::Avx2 => Some(false),
+        _ => None,
+    }
+}
+
+/// `s[i] = exp(s[i] − max)` for `i < n` (0 where `s[i]` is −∞) and `s[i] = 0` past
+/// `n` up to `TILE`; returns the sum of the first `n`. The exponential is a SIMD
+/// polynomial (within 2 ulp of `expf`) where the CPU has AVX2.
+pub fn exp_tile(s: &mut [f32; TILE], n: usize, max: f32) -> f32 {
+    let n = n.min(TILE);
+    #[cfg(target_arch = "x86_64")]
+    if simd().is_some() {
+        // SAFETY: AVX2+FMA reported by the dispatch.
+        return unsafe { avx2::exp_tile(s, n, max) };
+    }
+    let mut sum = 0f32;
+    for (i, v) in s.iter_mut().enumerate() {
+        *v = if i < n { (*v - max).exp() } else { 0.0 };
+        sum += *v;
+    }
+    sum
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -115,6 +140,63 @@ mod avx2 {
                 r += 1;
             }
         }
+    }
+
+    /// `exp(x)` for 8 lanes: Cephes' range reduction (x = k·ln2 + r, |r| ≤ ln2/2, the
+    /// constant split in two for accuracy) and its degree-5 polynomial, within 2 ulp;
+    /// −∞ and anything below −87.3 give 0.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn exp8(x: __m256) -> __m256 {
+        let lo = _mm256_set1_ps(-87.336_54);
+        let under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+        let x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.376_26));
+        let k = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            5.000_000_1e-1,
+        ] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        let r2 = _mm256_mul_ps(r, r);
+        let y = _mm256_add_ps(_mm256_fmadd_ps(y, r2, r), _mm256_set1_ps(1.0));
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)),
+            23,
+        ));
+        _mm256_andnot_ps(under, _mm256_mul_ps(y, pow2))
+    }
+
+    /// # Safety
+    /// AVX2 + FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_tile(s: &mut [f32; TILE], n: usize, max: f32) -> f32 {
+        let m = _mm256_set1_ps(max);
+        let p = s.as_mut_ptr();
+        let mut sum = 0f32;
+        // SAFETY: two 8-lane halves of the 16-float array.
+        unsafe {
+            for h in 0..2 {
+                let v = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8 * h)), m));
+                _mm256_storeu_ps(p.add(8 * h), v);
+            }
+        }
+        for v in &mut s[n..] {
+            *v = 0.0;
+        }
+        for v in &s[..n] {
+            sum += *v;
+        }
+        sum
     }
 
     /// # Safety
@@ -166,6 +248,98 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::TILE;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512F (+ AVX2, FMA); shapes as `scores_tile` checks.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn scores(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
+        let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), s.as_mut_ptr());
+        let mut r = 0;
+        // SAFETY: row r + i < rows, d < hk, one 16-lane kt row per d: inside the
+        // checked lengths.
+        unsafe {
+            while r + 8 <= rows {
+                let mut acc = [_mm512_setzero_ps(); 8];
+                for d in 0..hk {
+                    let k = _mm512_loadu_ps(kp.add(d * TILE));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add((r + i) * hk + d)), k, *a);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(sp.add((r + i) * TILE), *a);
+                }
+                r += 8;
+            }
+            while r < rows {
+                let mut a = _mm512_setzero_ps();
+                for d in 0..hk {
+                    let k = _mm512_loadu_ps(kp.add(d * TILE));
+                    a = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(r * hk + d)), k, a);
+                }
+                _mm512_storeu_ps(sp.add(r * TILE), a);
+                r += 1;
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F (+ AVX2, FMA); shapes as `pv_tile` checks.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn pv(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
+        let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: r < rows, j < TILE, c + 16 <= hv (scalar tail below): inside the
+        // checked lengths.
+        unsafe {
+            for r in 0..rows {
+                let a_row = ap.add(r * hv);
+                let mut c0 = 0;
+                while c0 + 128 <= hv {
+                    let mut a = [_mm512_setzero_ps(); 8];
+                    for (u, x) in a.iter_mut().enumerate() {
+                        *x = _mm512_loadu_ps(a_row.add(c0 + 16 * u));
+                    }
+                    for j in 0..TILE {
+                        let w = *pp.add(r * TILE + j);
+                        if w == 0.0 {
+                            continue;
+                        }
+                        let w = _mm512_set1_ps(w);
+                        let vr = vp.add(j * hv + c0);
+                        for (u, x) in a.iter_mut().enumerate() {
+                            *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * u)), *x);
+                        }
+                    }
+                    for (u, x) in a.iter().enumerate() {
+                        _mm512_storeu_ps(a_row.add(c0 + 16 * u), *x);
+                    }
+                    c0 += 128;
+                }
+                while c0 + 16 <= hv {
+                    let mut x = _mm512_loadu_ps(a_row.add(c0));
+                    for j in 0..TILE {
+                        let w = _mm512_set1_ps(*pp.add(r * TILE + j));
+                        x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vp.add(j * hv + c0)), x);
+                    }
+                    _mm512_storeu_ps(a_row.add(c0), x);
+                    c0 += 16;
+                }
+                for c in c0..hv {
+                    let mut x = *a_row.add(c);
+                    for j in 0..TILE {
+                        x += *pp.add(r * TILE + j) * *vp.add(j * hv + c);
+                    }
+                    *a_row.add(c) = x;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,6 +374,32 @@ mod tests {
                     (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
                     "pv {rows}x{hv}: {a} vs {b}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn exp_tile_is_within_a_few_ulp_of_expf() {
+        for max in [0.0f32, 3.5, -20.0] {
+            for n in [0usize, 1, 7, 16] {
+                let mut s = [0f32; TILE];
+                for (i, v) in s.iter_mut().enumerate() {
+                    *v = -30.0 + 2.3 * i as f32 + max;
+                }
+                s[0] = f32::NEG_INFINITY;
+                let orig = s;
+                let sum = exp_tile(&mut s, n, max);
+                let mut want_sum = 0f32;
+                for i in 0..TILE {
+                    let want = if i < n { (orig[i] - max).exp() } else { 0.0 };
+                    want_sum += want;
+                    assert!(
+                        (s[i] - want).abs() <= 4.0 * f32::EPSILON * want,
+                        "exp {i}: {} vs {want}",
+                        s[i]
+                    );
+                }
+                assert!((sum - want_sum).abs() <= 1e-5 * (1.0 + want_sum));
             }
         }
     }
