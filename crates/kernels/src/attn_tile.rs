@@ -59,13 +59,25 @@ pub(crate) fn scores_portable(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: 
 
 pub(crate) fn pv_portable(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
     for r in 0..rows {
-        let a = &mut acc[r * hv..(r + 1) * hv];
-        for j in 0..TILE {
-            let w = p[r * TILE + j];
-            for (x, vv) in a.iter_mut().zip(&v[j * hv..(j + 1) * hv]) {
-                *x += w * vv;
-            }
+        pv_cols(
+            &p[r * TILE..(r + 1) * TILE],
+            v,
+            hv,
+            &mut acc[r * hv..(r + 1) * hv],
+            0,
+        );
+    }
+}
+
+/// One row of `pv_tile` for columns `c0..hv`: each column sums its TILE products in
+/// order (the SIMD versions' tails, and the whole portable version).
+fn pv_cols(p_row: &[f32], v: &[f32], hv: usize, acc_row: &mut [f32], c0: usize) {
+    for c in c0..hv {
+        let mut x = acc_row[c];
+        for (j, w) in p_row.iter().enumerate().take(TILE) {
+            x += w * v[j * hv + c];
         }
+        acc_row[c] = x;
     }
 }
 
@@ -236,13 +248,8 @@ mod avx2 {
                     _mm256_storeu_ps(a_row.add(c0), x);
                     c0 += 8;
                 }
-                for c in c0..hv {
-                    let mut x = *a_row.add(c);
-                    for j in 0..TILE {
-                        x += *pp.add(r * TILE + j) * *vp.add(j * hv + c);
-                    }
-                    *a_row.add(c) = x;
-                }
+                let row = &mut *std::ptr::slice_from_raw_parts_mut(a_row, hv);
+                super::pv_cols(&p[r * TILE..(r + 1) * TILE], v, hv, row, c0);
             }
         }
     }
@@ -328,13 +335,8 @@ mod avx512 {
                     _mm512_storeu_ps(a_row.add(c0), x);
                     c0 += 16;
                 }
-                for c in c0..hv {
-                    let mut x = *a_row.add(c);
-                    for j in 0..TILE {
-                        x += *pp.add(r * TILE + j) * *vp.add(j * hv + c);
-                    }
-                    *a_row.add(c) = x;
-                }
+                let row = &mut *std::ptr::slice_from_raw_parts_mut(a_row, hv);
+                super::pv_cols(&p[r * TILE..(r + 1) * TILE], v, hv, row, c0);
             }
         }
     }
