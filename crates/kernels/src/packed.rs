@@ -13,8 +13,7 @@
 //!
 //! Numerics: the integer block sums are exact and the float steps are ggml's, in ggml's
 //! order, per lane; so the result is bit-identical to the portable `vec_dot` (the tests
-//! assert equality, not a bound). For the K-quants this holds while a super-block's
-//! scaled sum stays below 2^24 in magnitude (see `x86/packed512.rs`).
+//! assert equality, not a bound).
 //!
 //! A group is `nb` blocks of its 16 rows; inside a group each *section* (quants, high
 //! bits, scales, ...) is stored for all `nb` blocks in turn, so SIMD loads stay aligned.

@@ -3,12 +3,8 @@
 //! once and multiplied (`vpdpbusd`) with every token's four broadcast activation bytes;
 //! lane r accumulates row r, so results are stored without reduction.
 //!
-//! Float steps follow `portable` exactly, per lane (separate multiply and add), so the
-//! results are bit-identical to the portable kernels. One exception, for speed: the
-//! K-quants weigh each sub-block's integer sum by its scale with an f32 FMA instead of
-//! an integer multiply (`vpmulld` is two port-0 uops). Each product `sc·Σ` is exact in
-//! f32 (|sc·Σ| < 2^24) and so is every partial sum below 2^24, which is where real
-//! activations keep it; past that the super-block's sum rounds once to f32.
+//! Float steps follow `portable` exactly, per lane (separate multiply and add, no FMA),
+//! so the results are bit-identical to the portable kernels.
 //!
 //! Every function here may only be called when `dispatch::hardware()` found avx2, fma,
 //! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
@@ -191,7 +187,7 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
     // SAFETY: as in `legacy`.
     unsafe {
         for b in 0..nb {
-            let mut sumi = [_mm512_setzero_ps(); T];
+            let mut sumi = [_mm512_setzero_si512(); T];
             for j in 0..8 {
                 let mut iacc = [_mm512_setzero_si512(); T];
                 for kk in 0..8 {
@@ -211,9 +207,9 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
                         *acc = _mm512_dpbusd_epi32(*acc, w, av);
                     }
                 }
-                let sc = _mm512_cvtepi32_ps(bytes16::<false>(p.w.add(sc_sec + b * 128 + j * 16)));
+                let sc = bytes16::<false>(p.w.add(sc_sec + b * 128 + j * 16));
                 for (s, acc) in sumi.iter_mut().zip(&iacc) {
-                    *s = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(*acc), *s);
+                    *s = _mm512_add_epi32(*s, _mm512_mullo_epi32(*acc, sc));
                 }
             }
             // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
@@ -232,7 +228,10 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
                     summs = _mm512_dpwssd_epi32(summs, *mp, _mm512_set1_epi32(*aux.add(q)));
                 }
                 let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                let x = _mm512_add_ps(*acc, _mm512_mul_ps(_mm512_mul_ps(d, dy), sumi[t]));
+                let x = _mm512_add_ps(
+                    *acc,
+                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sumi[t])),
+                );
                 *acc = _mm512_sub_ps(
                     x,
                     _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(summs)),
@@ -256,7 +255,7 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
     // SAFETY: as in `legacy`.
     unsafe {
         for b in 0..nb {
-            let mut sumi = [_mm512_setzero_ps(); T];
+            let mut sumi = [_mm512_setzero_si512(); T];
             for s in 0..16 {
                 let mut iacc = [_mm512_setzero_si512(); T];
                 for (t, acc) in iacc.iter_mut().enumerate() {
@@ -279,15 +278,18 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
                         *acc = _mm512_dpbusd_epi32(*acc, w, av);
                     }
                 }
-                let sc = _mm512_cvtepi32_ps(bytes16::<true>(p.w.add(sc_sec + b * 256 + s * 16)));
+                let sc = bytes16::<true>(p.w.add(sc_sec + b * 256 + s * 16));
                 for (sm, acc) in sumi.iter_mut().zip(&iacc) {
-                    *sm = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(*acc), *sm);
+                    *sm = _mm512_add_epi32(*sm, _mm512_mullo_epi32(*acc, sc));
                 }
             }
             let d = scales16(p.w.add(d_sec + b * 32));
             for (t, acc) in facc.iter_mut().enumerate() {
                 let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(_mm512_mul_ps(d, dy), sumi[t]));
+                *acc = _mm512_add_ps(
+                    *acc,
+                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sumi[t])),
+                );
             }
         }
         for (t, acc) in facc.iter().enumerate() {
