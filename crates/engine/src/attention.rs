@@ -253,7 +253,7 @@ fn run_task(
     let mut acc = vec![0f32; rows * hv];
     let (kdim, vdim) = cache.dims();
     let (keys, values) = (cache.keys(il), cache.values(il));
-    let (mut kbuf, mut vbuf) = (Vec::new(), Vec::new());
+    let mut kbuf = Vec::new();
     // The tile's keys transposed (`hk × TILE`, the keys in SIMD lanes) and its values
     // (`TILE × hv`), zero past the range's end; the scores, then the weights, of every row.
     let mut kt = vec![0f32; hk * TILE];
@@ -265,7 +265,6 @@ fn run_task(
         let te = (ts + step).min(range.end);
         let n = te - ts;
         let (krows, ks) = keys.tile(ts, n, kdim, kvh * hk, hk, &mut kbuf);
-        let (vrows, vs) = values.tile(ts, n, vdim, kvh * hv, hv, &mut vbuf);
         if n < TILE {
             // Keys and values past the range's end must not contribute.
             kt.fill(0.0);
@@ -276,9 +275,7 @@ fn run_task(
                 kt[d * TILE + j] = k;
             }
         }
-        for j in 0..n {
-            vt[j * hv..(j + 1) * hv].copy_from_slice(&vrows[j * vs..j * vs + hv]);
-        }
+        values.rows_into(ts, n, vdim, kvh * hv, hv, &mut vt);
         scores_tile(&qs, rows, hk, &kt, &mut s);
         for i in 0..block.n {
             let pos = block.pos0 + i;

@@ -123,6 +123,28 @@ pub(crate) enum KvRows<'a> {
 }
 
 impl<'a> KvRows<'a> {
+    /// Columns `off..off + len` of rows `p0..p0 + n` (rows `stride` apart) written to
+    /// `dst` as `n` contiguous f32 rows: one pass, copied from f32 storage or widened
+    /// from f16.
+    pub(crate) fn rows_into(
+        self,
+        p0: usize,
+        n: usize,
+        stride: usize,
+        off: usize,
+        len: usize,
+        dst: &mut [f32],
+    ) {
+        for (j, d) in dst[..n * len].chunks_exact_mut(len).enumerate() {
+            let at = (p0 + j) * stride + off;
+            match self {
+                KvRows::F32(s) => d.copy_from_slice(&s[at..at + len]),
+                // F16C when the CPU has it (half detects it at run time).
+                KvRows::F16(s) => s[at..at + len].convert_to_f32_slice(d),
+            }
+        }
+    }
+
     /// Columns `off..off + len` of rows `p0..p0 + n` (rows `stride` apart) as f32:
     /// borrowed from f32 storage, widened into `buf` from f16. Returns the rows and the
     /// distance between them (row `j` is `rows[j * step..j * step + len]`).
@@ -150,11 +172,7 @@ impl<'a> KvRows<'a> {
                 if buf.len() < n * len {
                     buf.resize(n * len, 0.0);
                 }
-                for (j, dst) in buf[..n * len].chunks_exact_mut(len).enumerate() {
-                    let at = (p0 + j) * stride + off;
-                    // F16C when the CPU has it (half detects it at run time).
-                    s[at..at + len].convert_to_f32_slice(dst);
-                }
+                KvRows::F16(s).rows_into(p0, n, stride, off, len, buf);
                 (&buf[..n * len], len)
             }
         }

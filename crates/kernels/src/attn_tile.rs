@@ -84,11 +84,8 @@ fn pv_cols(p_row: &[f32], v: &[f32], hv: usize, acc_row: &mut [f32], c0: usize) 
 /// `Some(true)` for AVX-512, `Some(false)` for AVX2, `None` for portable.
 #[cfg(target_arch = "x86_64")]
 fn simd() -> Option<bool> {
-    match crate::dispatch::active() {
-        crate::KernelSet::Avx512Vnni => Some(true),
-        crate::KernelSet::Avx2 => Some(false),
-        _ => None,
-    }
+    use crate::dispatch::{avx2_active, avx512_active};
+    avx2_active().then(avx512_active)
 }
 
 /// `s[i] = exp(s[i] − max)` for `i < n` (0 where `s[i]` is −∞) and `s[i] = 0` past

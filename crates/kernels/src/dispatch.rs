@@ -94,6 +94,18 @@ fn env_cap(v: &str) -> Option<KernelSet> {
     KernelSet::from_name(v)
 }
 
+/// Whether the active set includes AVX2 + FMA + F16C (x86-64 `Avx2` or `Avx512Vnni`):
+/// the one check behind every x86 SIMD helper outside the dot-product table.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx2_active() -> bool {
+    matches!(active(), KernelSet::Avx2 | KernelSet::Avx512Vnni)
+}
+
+/// Whether the active set is AVX-512 (F, BW, VL, VNNI).
+pub(crate) fn avx512_active() -> bool {
+    active() == KernelSet::Avx512Vnni
+}
+
 /// A dot-product kernel chosen for a weight type under an available kernel set.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {

@@ -165,7 +165,7 @@ mod quant_simd {
 
 fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
     #[cfg(target_arch = "x86_64")]
-    if matches!(dispatch::active(), KernelSet::Avx2 | KernelSet::Avx512Vnni) {
+    if dispatch::avx2_active() {
         match ty {
             GgmlType::Q8_0 => return Some(quant_simd::q8_0),
             GgmlType::Q8_K => return Some(quant_simd::q8_k),

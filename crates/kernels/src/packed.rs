@@ -18,7 +18,7 @@
 //! A group is `nb` blocks of its 16 rows; inside a group each *section* (quants, high
 //! bits, scales, ...) is stored for all `nb` blocks in turn, so SIMD loads stay aligned.
 
-use crate::{KernelSet, QuantizedRows, SyncPtr, ThreadPool, dispatch};
+use crate::{QuantizedRows, SyncPtr, ThreadPool, dispatch};
 use llamay_formats::GgmlType;
 
 /// Rows interleaved in one group.
@@ -100,13 +100,8 @@ impl PackedMatrix {
 /// the set has packed kernels (AVX-512 VNNI), the format has a layout, and the rows
 /// fill whole groups.
 pub fn packable(ty: GgmlType, rows: usize, cols: usize) -> bool {
-    packable_with(dispatch::active(), ty, rows, cols)
-}
-
-fn packable_with(set: KernelSet, ty: GgmlType, rows: usize, cols: usize) -> bool {
     cfg!(target_arch = "x86_64")
-        && set == KernelSet::Avx512Vnni
-        && dispatch::hardware() == KernelSet::Avx512Vnni
+        && dispatch::avx512_active()
         && sections(ty).is_some()
         && rows > 0
         && rows.is_multiple_of(GROUP_ROWS)

@@ -89,15 +89,10 @@ mod avx2 {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn simd() -> bool {
-    crate::dispatch::active() >= crate::KernelSet::Avx2
-}
-
 /// `Σ a[i]·b[i]` over the shorter length.
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if simd() {
+    if crate::dispatch::avx2_active() {
         // SAFETY: the active kernel set is at least AVX2, which the dispatch only
         // reports when the CPU has AVX2 and FMA.
         return unsafe { avx2::dot(a, b) };
@@ -108,7 +103,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// `y[i] += alpha · x[i]` over the shorter length.
 pub fn axpy_f32(y: &mut [f32], alpha: f32, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if simd() {
+    if crate::dispatch::avx2_active() {
         // SAFETY: as in `dot_f32`.
         return unsafe { avx2::axpy(y, alpha, x) };
     }
