@@ -249,7 +249,7 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
 unsafe fn q6_k<const T: usize>(p: &Tile) {
     let nb = p.nb;
     let m4 = _mm512_set1_epi8(0xF);
-    let m3 = _mm512_set1_epi8(3);
+    let m30 = _mm512_set1_epi8(0x30);
     let (hi_sec, sc_sec, d_sec) = (nb * 2048, nb * 3072, nb * (3072 + 256));
     let mut facc = [_mm512_setzero_ps(); T];
     // SAFETY: as in `legacy`.
@@ -261,18 +261,22 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
                 for (t, acc) in iacc.iter_mut().enumerate() {
                     *acc = _mm512_set1_epi32(*p.aux.add((t * p.prep_stride + b) * 16 + s));
                 }
-                let shift = _mm_cvtsi32_si128(2 * (s / 4) as i32);
                 for qq in 0..4 {
                     let q = 4 * s + qq;
                     let lo = load512(p.w.add(b * 2048 + (q % 32) * 64));
-                    let lo = if q < 32 {
-                        _mm512_and_si512(lo, m4)
-                    } else {
-                        _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4)
-                    };
+                    let lo = if q < 32 { lo } else { _mm512_srli_epi16(lo, 4) };
+                    // Quad q's two high bits sit at bits 2(s/4)..+1 of each byte: move
+                    // them to bits 4..5 (16-bit shifts: what crosses a byte is masked).
                     let hi = load512(p.w.add(hi_sec + b * 1024 + (q % 16) * 64));
-                    let hi = _mm512_and_si512(_mm512_srl_epi16(hi, shift), m3);
-                    let w = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+                    let hi = match s / 4 {
+                        0 => _mm512_slli_epi16(hi, 4),
+                        1 => _mm512_slli_epi16(hi, 2),
+                        2 => hi,
+                        _ => _mm512_srli_epi16(hi, 2),
+                    };
+                    let hi = _mm512_and_si512(hi, m30);
+                    // (lo & 0x0F) | hi in one op: ternary-logic table 0xEC.
+                    let w = _mm512_ternarylogic_epi32(lo, hi, m4, 0xEC);
                     for (t, acc) in iacc.iter_mut().enumerate() {
                         let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 4 * q));
                         *acc = _mm512_dpbusd_epi32(*acc, w, av);
