@@ -42,10 +42,19 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 fn activations(ty: GgmlType, n: usize, pool: &ThreadPool) -> llamay_kernels::QuantizedRows {
-    let x: Vec<f32> = (0..n * COLS)
+    activations_of(ty, n, COLS, pool)
+}
+
+fn activations_of(
+    ty: GgmlType,
+    n: usize,
+    cols: usize,
+    pool: &ThreadPool,
+) -> llamay_kernels::QuantizedRows {
+    let x: Vec<f32> = (0..n * cols)
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
         .collect();
-    quantize_rows(ty.vec_dot_type(), &x, COLS, pool)
+    quantize_rows(ty.vec_dot_type(), &x, cols, pool)
 }
 
 fn threads() -> usize {
@@ -105,5 +114,27 @@ fn prefill(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, gemv, prefill);
+/// The packed kernels on a 512-token prefill of Llama-3.2-1B's FFN shapes (gate/up:
+/// 8192 × 2048; down: 2048 × 8192), where weights and activations outgrow L2.
+fn prefill_model_shapes(c: &mut Criterion) {
+    const TOKENS: usize = 512;
+    let mut g = c.benchmark_group("matmul_512tok_ffn");
+    g.warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(10);
+    let pool = ThreadPool::new(threads());
+    for (ty, rows, cols) in [(Q4_K, 8192, 2048), (Q4_K, 2048, 8192), (Q6_K, 2048, 8192)] {
+        let w = weights(ty, rows, cols);
+        let a = activations_of(ty, TOKENS, cols, &pool);
+        let mut out = vec![0f32; rows * TOKENS];
+        g.throughput(Throughput::Elements((2 * rows * cols * TOKENS) as u64));
+        if let Some(p) = pack(ty, &w, rows, cols, &pool) {
+            let id = BenchmarkId::new(format!("{ty}/packed512/{rows}x{cols}"), threads());
+            g.bench_function(id, |b| b.iter(|| matmul_packed(&p, &a, &mut out, &pool)));
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, gemv, prefill, prefill_model_shapes);
 criterion_main!(benches);
