@@ -4,6 +4,7 @@
 
 use crate::LoadError;
 use crate::arch::{ArchSpec, NormKind, SwaPattern};
+use crate::rope::{RopeParams, RopeScaling};
 use llamay_gguf::{Metadata, Model as Gguf, Value};
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -24,11 +25,14 @@ pub struct Config {
     pub norm_eps: f32,
     /// Rotated dimensions per head (partial rotary when < head_dim_k).
     pub n_rot: usize,
-    pub rope_base: f32,
-    /// Rope base of sliding-window layers (Gemma 3), else `rope_base`.
-    pub rope_base_swa: f32,
-    /// Linear rope scaling: positions are multiplied by this.
-    pub rope_freq_scale: f32,
+    /// Rope of the full-attention layers.
+    pub rope: RopeParams,
+    /// Rope of the sliding-window layers (Gemma 3: its own base, never scaled).
+    pub rope_swa: RopeParams,
+    pub rope_scaling: RopeScaling,
+    /// The context the model was trained at before rope scaling
+    /// (`rope.scaling.original_context_length`, else `context_length`).
+    pub n_ctx_orig: usize,
     /// Sliding window size in tokens (0 = none).
     pub n_swa: usize,
     /// Which layers use the sliding window.
@@ -135,28 +139,39 @@ impl Config {
             NormKind::Layer => k.float("attention.layer_norm_epsilon")?,
         }
         .unwrap_or(1e-5);
-        let rope_base = k.float("rope.freq_base")?.unwrap_or(10_000.0);
-        let rope_base_swa = if arch.swa_rope_base {
-            k.float("rope.freq_base_swa")?.unwrap_or(10_000.0)
-        } else {
-            rope_base
+        let n_ctx_train = k.count("context_length")?.unwrap_or(2048);
+        let n_ctx_orig = k
+            .count("rope.scaling.original_context_length")?
+            .filter(|&n| n > 0)
+            .unwrap_or(n_ctx_train);
+        let factor = match k.float("rope.scaling.factor")? {
+            Some(f) => Some(f),
+            None => k.float("rope.scale_linear")?,
         };
-        let rope_freq_scale = match md.get_str(&k.key("rope.scaling.type")).map_err(md_err)? {
-            None | Some("none") => 1.0,
-            Some("linear") => {
-                let f = k.float("rope.scaling.factor")?.unwrap_or(1.0);
-                if !(f.is_finite() && f > 0.0) {
-                    return Err(LoadError::Metadata(format!(
-                        "rope.scaling.factor {f} must be positive"
-                    )));
-                }
-                1.0 / f
-            }
-            Some(other) => {
-                return Err(LoadError::Unsupported(format!(
-                    "rope scaling type '{other}' is not implemented yet (linear and none are)"
-                )));
-            }
+        let kind = md.get_str(&k.key("rope.scaling.type")).map_err(md_err)?;
+        let rope_scaling = RopeScaling::parse(kind, factor).map_err(LoadError::Metadata)?;
+        let attn_factor = k.float("rope.scaling.attn_factor")?.unwrap_or(1.0);
+        if !(attn_factor.is_finite() && attn_factor > 0.0) {
+            return Err(LoadError::Metadata(format!(
+                "rope.scaling.attn_factor {attn_factor} must be positive"
+            )));
+        }
+        let rope_base = k.float("rope.freq_base")?.unwrap_or(10_000.0);
+        let rope = RopeParams::new(
+            n_rot,
+            rope_base,
+            rope_scaling.freq_scale(),
+            rope_scaling,
+            attn_factor,
+            n_ctx_orig,
+        );
+        // Gemma 3's sliding layers have their own base and are never scaled (llama.cpp:
+        // rope_freq_base/scale_train_swa); elsewhere every layer ropes alike.
+        let rope_swa = if arch.swa_rope_base {
+            let base = k.float("rope.freq_base_swa")?.unwrap_or(10_000.0);
+            RopeParams::new(n_rot, base, 1.0, rope_scaling, attn_factor, n_ctx_orig)
+        } else {
+            rope
         };
 
         let n_swa = match arch.swa {
@@ -217,7 +232,6 @@ impl Config {
                 embd.row_len()
             )));
         }
-        let n_ctx_train = k.count("context_length")?.unwrap_or(2048);
         Ok(Config {
             arch,
             n_vocab,
@@ -231,9 +245,10 @@ impl Config {
             n_ff,
             norm_eps,
             n_rot,
-            rope_base,
-            rope_base_swa,
-            rope_freq_scale,
+            rope,
+            rope_swa,
+            rope_scaling,
+            n_ctx_orig,
             n_swa,
             swa_layers,
             attn_scale,

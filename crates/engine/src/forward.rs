@@ -4,7 +4,8 @@
 use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
 use crate::attention::{self, Shape};
 use crate::kv::KvCache;
-use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm, rope_angles, rope_rotate, silu};
+use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm, silu};
+use crate::rope;
 use crate::tensor::matmul;
 use crate::weights::{Linear, Norm};
 use crate::{DecodeError, Model};
@@ -152,21 +153,17 @@ impl Model<'_> {
                 rms_rows(&mut k, w, cfg.norm_eps, hk);
             }
             let swa = cfg.swa_layers[il];
-            let base = if swa {
-                cfg.rope_base_swa
-            } else {
-                cfg.rope_base
-            };
+            let rope = if swa { &cfg.rope_swa } else { &cfg.rope };
             if arch.rope != RopeStyle::None {
-                let ff = self.weights.rope_freqs.as_deref();
                 let mut angles = Vec::with_capacity(cfg.n_rot / 2);
                 for (t, bt) in batch.iter().enumerate() {
-                    let pos = bt.pos as f32;
+                    let factors = (self.weights.rope_factors)
+                        .for_context(caches[bt.seq].capacity(), cfg.n_ctx_orig);
                     let q_heads = q[t * qd..(t + 1) * qd].chunks_mut(hk);
                     let k_heads = k[t * kd..(t + 1) * kd].chunks_mut(hk);
-                    rope_angles(pos, cfg.n_rot, base, cfg.rope_freq_scale, ff, &mut angles);
+                    rope.angles(bt.pos, factors, &mut angles);
                     for head in q_heads.chain(k_heads) {
-                        rope_rotate(head, &angles, arch.rope);
+                        rope::rotate(head, &angles, arch.rope);
                     }
                 }
             }

@@ -11,6 +11,7 @@ pub mod config;
 mod forward;
 pub mod kv;
 mod ops;
+pub mod rope;
 pub mod sample;
 pub mod tensor;
 mod weights;
@@ -167,14 +168,6 @@ impl<'a> Model<'a> {
             )));
         }
         let arch = architecture_of(gguf)?;
-        if gguf.tensor("rope_factors_long.weight").is_some()
-            || gguf.tensor("rope_factors_short.weight").is_some()
-        {
-            return Err(LoadError::Unsupported(
-                "LongRoPE factors (rope_factors_long/short, Phi-3 128k) are not implemented yet; the 4k Phi-3 variants run"
-                    .into(),
-            ));
-        }
         let config = Config::from_gguf(arch, gguf)?;
         let weights = weights::Weights::bind(&config, gguf, read)?;
         Ok((config, weights))

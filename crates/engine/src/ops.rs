@@ -1,6 +1,5 @@
 //! Elementwise and per-row operations of the forward pass (portable reference).
 
-use crate::arch::RopeStyle;
 use half::f16;
 
 /// RMSNorm of one row, scaled by `w`, in ggml's order of operations (squares in f32,
@@ -96,78 +95,9 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// The (cos, sin) of each rotated pair at position `pos` (ggml's rope cache: the angle
-/// of pair `i` is `pos · freq_scale · base^(−2i/n_rot)`, built by repeated
-/// multiplication, divided by `freq_factors[i]` when given).
-pub fn rope_angles(
-    pos: f32,
-    n_rot: usize,
-    base: f32,
-    freq_scale: f32,
-    freq_factors: Option<&[f32]>,
-    out: &mut Vec<(f32, f32)>,
-) {
-    let theta_scale = base.powf(-2.0 / n_rot as f32);
-    let mut theta = pos * freq_scale;
-    out.clear();
-    for i in 0..n_rot / 2 {
-        let ff = freq_factors.map_or(1.0, |f| f[i]);
-        let (sin, cos) = (theta / ff).sin_cos();
-        out.push((cos, sin));
-        theta *= theta_scale;
-    }
-}
-
-/// Rotates the first `2 · angles.len()` dimensions of one head vector (the rest pass
-/// through) by `angles` from [`rope_angles`].
-pub fn rope_rotate(x: &mut [f32], angles: &[(f32, f32)], style: RopeStyle) {
-    let half = angles.len();
-    for (i, &(cos, sin)) in angles.iter().enumerate() {
-        let (a, b) = match style {
-            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-            RopeStyle::Neox => (i, i + half),
-            RopeStyle::None => return,
-        };
-        let (x0, x1) = (x[a], x[b]);
-        x[a] = x0 * cos - x1 * sin;
-        x[b] = x0 * sin + x1 * cos;
-    }
-}
-
-/// Rotary embedding of one head vector at position `pos`: the first `n_rot`
-/// dimensions rotate, the rest pass through. `freq_factors` (llama3-style
-/// `rope_freqs`) divide each pair's frequency.
-#[cfg(test)]
-pub fn rope(
-    x: &mut [f32],
-    pos: f32,
-    n_rot: usize,
-    base: f32,
-    freq_scale: f32,
-    style: RopeStyle,
-    freq_factors: Option<&[f32]>,
-) {
-    let mut angles = Vec::new();
-    rope_angles(pos, n_rot, base, freq_scale, freq_factors, &mut angles);
-    rope_rotate(x, &angles, style);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rope_neox_and_interleaved_rotate_pairs() {
-        let mut a = [1.0, 0.0, 0.0, 0.0];
-        rope(&mut a, 1.0, 4, 10000.0, 1.0, RopeStyle::Interleaved, None);
-        assert!((a[0] - 1f32.cos()).abs() < 1e-6 && (a[1] - 1f32.sin()).abs() < 1e-6);
-        let mut b = [1.0, 0.0, 0.0, 0.0];
-        rope(&mut b, 1.0, 4, 10000.0, 1.0, RopeStyle::Neox, None);
-        assert!((b[0] - 1f32.cos()).abs() < 1e-6 && (b[2] - 1f32.sin()).abs() < 1e-6);
-        // Norm is preserved.
-        let n: f32 = b.iter().map(|v| v * v).sum();
-        assert!((n - 1.0).abs() < 1e-6);
-    }
 
     #[test]
     fn norms_and_activations() {

@@ -5,6 +5,7 @@
 use crate::LoadError;
 use crate::arch::{FfnKind, NormKind, QkvLayout, Residual};
 use crate::config::Config;
+use crate::rope::RopeFactors;
 use crate::tensor::{Matrix, vector};
 use llamay_gguf::{Model as Gguf, TensorInfo};
 use llamay_kernels::{PackedMatrix, ThreadPool};
@@ -57,7 +58,7 @@ pub struct Weights<'a> {
     pub output_norm: Norm,
     /// The output projection: `output.weight`, or the token embeddings when tied.
     pub output: Linear<'a>,
-    pub rope_freqs: Option<Vec<f32>>,
+    pub rope_factors: RopeFactors,
     pub layers: Vec<Layer<'a>>,
 }
 
@@ -98,6 +99,24 @@ impl<'a> Binder<'_, 'a> {
         match self.get(name).cloned() {
             Some(t) => vector(&t, len, self.read == ReadData::Yes).map(Some),
             None => Ok(None),
+        }
+    }
+
+    /// `rope_freqs.weight` (one set), or LongRoPE's `rope_factors_long/short.weight`
+    /// (both or neither), `len` values each; one kind per file.
+    fn rope_factors(&mut self, len: usize) -> Result<RopeFactors, LoadError> {
+        let fixed = self.opt_vector("rope_freqs.weight", len)?;
+        let long = self.opt_vector("rope_factors_long.weight", len)?;
+        let short = self.opt_vector("rope_factors_short.weight", len)?;
+        match (fixed, long, short) {
+            (None, None, None) => Ok(RopeFactors::None),
+            (Some(f), None, None) => Ok(RopeFactors::Fixed(f)),
+            (None, Some(long), Some(short)) => Ok(RopeFactors::LongShort { long, short }),
+            (None, Some(_), None) => Err(LoadError::MissingTensor("rope_factors_short.weight".into())),
+            (None, None, Some(_)) => Err(LoadError::MissingTensor("rope_factors_long.weight".into())),
+            (Some(_), _, _) => Err(LoadError::Shape(
+                "the file has both rope_freqs.weight and LongRoPE's rope_factors_long/short.weight; a model has one kind of rope factors".into(),
+            )),
         }
     }
 
@@ -152,7 +171,7 @@ impl<'a> Weights<'a> {
             ),
             None => Linear::new(token_embd, None),
         };
-        let rope_freqs = b.opt_vector("rope_freqs.weight", cfg.n_rot / 2)?;
+        let rope_factors = b.rope_factors(cfg.n_rot / 2)?;
 
         let (qd, kd, vd) = (cfg.q_dim(), cfg.k_dim(), cfg.v_dim());
         let mut layers = Vec::with_capacity(cfg.n_layer);
@@ -245,7 +264,7 @@ impl<'a> Weights<'a> {
             position_embd,
             output_norm,
             output,
-            rope_freqs,
+            rope_factors,
             layers,
         })
     }

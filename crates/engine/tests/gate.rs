@@ -65,7 +65,7 @@ fn config_synthesis_per_family() {
                     );
                     assert_eq!(c.n_swa, 4);
                     assert_eq!(
-                        c.rope_base_swa, 10_000.0,
+                        c.rope_swa.base, 10_000.0,
                         "local layers default to base 10000"
                     );
                     assert_eq!(c.attn_scale, 1.0 / 8.0, "1/sqrt(key_length)");
