@@ -264,6 +264,35 @@ fn strict_load_refuses_by_name() {
         "{e}"
     );
 
+    // Rope factors: LongRoPE's two sets come together, and not beside rope_freqs; an
+    // unknown scaling type is refused by name.
+    let factors = |name: &str| (name.to_string(), GgmlType::F32, vec![32], vec![0u8; 128]);
+    let p = rewritten("longonly.gguf", |_, t| {
+        t.push(factors("rope_factors_long.weight"))
+    });
+    assert_eq!(
+        load_error(&p),
+        LoadError::MissingTensor("rope_factors_short.weight".into())
+    );
+    let p = rewritten("bothkinds.gguf", |_, t| {
+        t.push(factors("rope_freqs.weight"));
+        t.push(factors("rope_factors_long.weight"));
+        t.push(factors("rope_factors_short.weight"));
+    });
+    assert!(
+        load_error(&p)
+            .to_string()
+            .contains("rope_freqs.weight and LongRoPE")
+    );
+    let p = rewritten("ntk.gguf", |kv, _| {
+        kv.push((
+            "llama.rope.scaling.type".into(),
+            Value::String("ntk".into()),
+        ))
+    });
+    let e = load_error(&p).to_string();
+    assert!(e.contains("'ntk'") && e.contains("yarn"), "{e}");
+
     let p = rewritten("nohead.gguf", |kv, _| {
         kv.retain(|(k, _)| k != "llama.attention.head_count")
     });

@@ -124,7 +124,10 @@ fn every_fixture_matches_llama_cpp() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 94, "every fixture checked (84 rows × types, 10 rope variants)");
+    assert_eq!(
+        checked, 94,
+        "every fixture checked (84 rows × types, 10 rope variants)"
+    );
     assert!(
         failures.is_empty(),
         "{} of {checked} fixtures disagree with llama.cpp:\n{}",

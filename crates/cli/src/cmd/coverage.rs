@@ -36,8 +36,11 @@ fn fixtures() -> anyhow::Result<BTreeMap<String, BTreeMap<String, Vec<String>>>>
     for f in list {
         if let (Some(a), Some(t)) = (f["arch"].as_str(), f["type"].as_str()) {
             let variant = f["variant"].as_str().unwrap_or_default().to_string();
-            (map.entry(a.to_string()).or_default().entry(variant).or_default())
-                .push(t.to_string());
+            (map.entry(a.to_string())
+                .or_default()
+                .entry(variant)
+                .or_default())
+            .push(t.to_string());
         }
     }
     Ok(map)
