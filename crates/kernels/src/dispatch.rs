@@ -11,41 +11,45 @@ use std::sync::OnceLock;
 
 type SimdDotFn = unsafe fn(&[u8], &[u8], usize) -> f32;
 
-/// What the hardware offers, ignoring the environment.
+/// Whether this CPU has the features of `set` (detected once per set).
+fn supported(set: KernelSet) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let avx2 = || has!("avx2") && has!("fma") && has!("f16c");
+        match set {
+            KernelSet::Avx2 => return avx2(),
+            KernelSet::AvxVnni => return avx2() && has!("avxvnni"),
+            KernelSet::Avx512Vnni => {
+                return avx2()
+                    && has!("avx512f")
+                    && has!("avx512bw")
+                    && has!("avx512vl")
+                    && has!("avx512vnni");
+            }
+            _ => {}
+        }
+    }
+    #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+    {
+        use std::arch::is_aarch64_feature_detected as has;
+        match set {
+            KernelSet::Neon => return has!("neon"),
+            KernelSet::NeonDotprod => return has!("neon") && has!("dotprod"),
+            KernelSet::NeonI8mm => return has!("neon") && has!("dotprod") && has!("i8mm"),
+            _ => {}
+        }
+    }
+    set == KernelSet::Portable
+}
+
+/// What the hardware offers, ignoring the environment: its highest supported set.
 pub(crate) fn hardware() -> KernelSet {
     static HW: OnceLock<KernelSet> = OnceLock::new();
     *HW.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 = std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c");
-            let vnni = avx2
-                && std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512vnni");
-            if vnni {
-                return KernelSet::Avx512Vnni;
-            }
-            if avx2 {
-                return KernelSet::Avx2;
-            }
-        }
-        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
-        {
-            use std::arch::is_aarch64_feature_detected as has;
-            if has!("neon") {
-                if has!("dotprod") && has!("i8mm") {
-                    return KernelSet::NeonI8mm;
-                }
-                if has!("dotprod") {
-                    return KernelSet::NeonDotprod;
-                }
-                return KernelSet::Neon;
-            }
-        }
-        KernelSet::Portable
+        (KernelSet::ALL.into_iter().rev())
+            .find(|&s| supported(s))
+            .unwrap_or(KernelSet::Portable)
     })
 }
 
@@ -53,7 +57,7 @@ pub(crate) fn hardware() -> KernelSet {
 fn arch_of(set: KernelSet) -> u8 {
     match set {
         KernelSet::Portable => 0,
-        KernelSet::Avx2 | KernelSet::Avx512Vnni => 1,
+        KernelSet::Avx2 | KernelSet::AvxVnni | KernelSet::Avx512Vnni => 1,
         KernelSet::Neon | KernelSet::NeonDotprod | KernelSet::NeonI8mm => 2,
     }
 }
@@ -68,19 +72,27 @@ pub(crate) fn cap(set: KernelSet, hw: KernelSet) -> KernelSet {
     }
 }
 
+/// `set` capped to this CPU: as `cap`, then down to the highest set at or below it whose
+/// features the CPU has (an AVX-512 VNNI CPU need not have AVX-VNNI).
+pub(crate) fn cap_to_hardware(set: KernelSet) -> KernelSet {
+    let c = cap(set, hardware());
+    (KernelSet::ALL.into_iter().rev())
+        .find(|&s| s <= c && arch_of(s) == arch_of(c) && supported(s))
+        .unwrap_or(KernelSet::Portable)
+}
+
 /// The set in use: the hardware's, capped by `LLAMAY_BACKEND` / `LLAMAY_CPU`.
 pub(crate) fn active() -> KernelSet {
     static ACTIVE: OnceLock<KernelSet> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
-        let hw = hardware();
         let backend = std::env::var("LLAMAY_BACKEND").unwrap_or_default();
         if backend.eq_ignore_ascii_case("portable") {
             return KernelSet::Portable;
         }
         let cpu = std::env::var("LLAMAY_CPU").unwrap_or_default();
         match env_cap(&cpu) {
-            Some(c) => cap(c, hw),
-            None => hw,
+            Some(c) => cap_to_hardware(c),
+            None => hardware(),
         }
     })
 }
@@ -94,14 +106,15 @@ fn env_cap(v: &str) -> Option<KernelSet> {
     KernelSet::from_name(v)
 }
 
-/// Whether the active set includes AVX2 + FMA + F16C (x86-64 `Avx2` or `Avx512Vnni`):
-/// the one check behind every x86 SIMD helper outside the dot-product table.
+/// Whether the active set includes AVX2 + FMA + F16C (every x86-64 set): the one check
+/// behind every x86 SIMD helper outside the dot-product table.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2_active() -> bool {
-    matches!(active(), KernelSet::Avx2 | KernelSet::Avx512Vnni)
+    arch_of(active()) == arch_of(KernelSet::Avx2)
 }
 
 /// Whether the active set is AVX-512 (F, BW, VL, VNNI).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512_active() -> bool {
     active() == KernelSet::Avx512Vnni
 }
@@ -136,10 +149,11 @@ impl Kernel {
         }
         match self.f {
             Imp::Portable(f) => f(w, a, n),
-            // SAFETY: `Imp::Simd` is built only in `kernel` below, for a set capped to
-            // `hardware()` (the is_x86_feature_detected checks for avx2+fma+f16c, and
-            // avx512f+bw+vl+vnni for the AVX-512 set; is_aarch64_feature_detected for
-            // neon, and dotprod for the dotprod/i8mm sets); the lengths were checked above.
+            // SAFETY: `Imp::Simd` is built only in `kernel` below, for a set that
+            // `cap_to_hardware` found supported (the is_x86_feature_detected checks for
+            // avx2+fma+f16c, plus avxvnni or avx512f+bw+vl+vnni for those sets;
+            // is_aarch64_feature_detected for neon, and dotprod for the dotprod/i8mm
+            // sets); the lengths were checked above.
             Imp::Simd(f) => unsafe { f(w, a, n) },
         }
     }
@@ -149,7 +163,7 @@ impl Kernel {
 /// the portable one where the set has no SIMD version; `None` for types llamay does not
 /// compute on.
 pub(crate) fn kernel(set: KernelSet, wty: GgmlType) -> Option<Kernel> {
-    let set = cap(set, hardware());
+    let set = cap_to_hardware(set);
     let p = portable::dot_fn(wty)?;
     let f = simd_fn(set, wty).map_or(Imp::Portable(p), Imp::Simd);
     Some(Kernel {
@@ -162,7 +176,7 @@ pub(crate) fn kernel(set: KernelSet, wty: GgmlType) -> Option<Kernel> {
 
 /// Whether `set` has its own (non-portable) kernel for `wty` on this machine.
 pub(crate) fn has_simd(set: KernelSet, wty: GgmlType) -> bool {
-    simd_fn(cap(set, hardware()), wty).is_some()
+    simd_fn(cap_to_hardware(set), wty).is_some()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -189,7 +203,7 @@ fn simd_fn(set: KernelSet, wty: GgmlType) -> Option<SimdDotFn> {
     };
     match set {
         KernelSet::Portable => None,
-        KernelSet::Avx2 => avx2_fn(wty),
+        KernelSet::Avx2 | KernelSet::AvxVnni => avx2_fn(wty),
         KernelSet::Avx512Vnni => avx512::dot_fn(wty).or_else(|| avx2_fn(wty)),
         KernelSet::Neon | KernelSet::NeonDotprod | KernelSet::NeonI8mm => None,
     }
@@ -216,6 +230,13 @@ mod tests {
     #[test]
     fn caps_stay_within_an_architecture() {
         assert_eq!(cap(Avx2, Avx512Vnni), Avx2);
+        assert_eq!(cap(AvxVnni, Avx512Vnni), AvxVnni);
+        assert_eq!(cap(Avx512Vnni, AvxVnni), AvxVnni);
+        // Whatever the CPU, the cap to it is a set it supports, never above the request.
+        for s in KernelSet::ALL {
+            let c = cap_to_hardware(s);
+            assert!(supported(c) && (c <= s || c == Portable), "{s:?} -> {c:?}");
+        }
         assert_eq!(cap(Avx512Vnni, Avx2), Avx2);
         assert_eq!(cap(Neon, NeonI8mm), Neon);
         assert_eq!(cap(NeonI8mm, NeonDotprod), NeonDotprod);

@@ -24,7 +24,10 @@ mod vecf32;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use packed::{GROUP_ROWS, PackedMatrix, matmul_packed, pack, pack_releasing, packable};
+pub use packed::{
+    GROUP_ROWS, PackedMatrix, matmul_packed, pack, pack_releasing, pack_with, packable,
+    packable_with,
+};
 pub use pool::ThreadPool;
 pub use vecf32::{axpy_f32, dot_f32};
 
@@ -40,6 +43,9 @@ pub enum KernelSet {
     Portable,
     /// AVX2 + FMA + F16C.
     Avx2,
+    /// AVX2 + AVX-VNNI (256-bit `vpdpbusd`, VEX: Alder Lake and later cores without
+    /// AVX-512): the AVX2 row kernels plus the packed GEMM/GEMV at 256 bits.
+    AvxVnni,
     /// AVX-512 F/BW/VL + VNNI (falls back to AVX2 for formats without one).
     Avx512Vnni,
     /// aarch64 NEON (ARMv8-A baseline).
@@ -56,6 +62,7 @@ impl KernelSet {
         match self {
             KernelSet::Portable => "portable",
             KernelSet::Avx2 => "avx2",
+            KernelSet::AvxVnni => "avxvnni",
             KernelSet::Avx512Vnni => "avx512vnni",
             KernelSet::Neon => "neon",
             KernelSet::NeonDotprod => "neon-dotprod",
@@ -71,9 +78,10 @@ impl KernelSet {
     }
 
     /// Every set, portable first, then each architecture's in increasing order.
-    pub const ALL: [KernelSet; 6] = [
+    pub const ALL: [KernelSet; 7] = [
         KernelSet::Portable,
         KernelSet::Avx2,
+        KernelSet::AvxVnni,
         KernelSet::Avx512Vnni,
         KernelSet::Neon,
         KernelSet::NeonDotprod,
@@ -81,9 +89,9 @@ impl KernelSet {
     ];
 
     /// Whether this CPU can run the set: portable, or a set of this CPU's architecture
-    /// no higher than what it offers.
+    /// whose features it has.
     pub fn is_available(self) -> bool {
-        dispatch::cap(self, dispatch::hardware()) == self
+        dispatch::cap_to_hardware(self) == self
     }
 
     /// Every set this CPU can run, portable first.
@@ -105,8 +113,8 @@ pub fn active_kernel_set() -> KernelSet {
     dispatch::active()
 }
 
-/// The name of the kernel set in use: "avx512vnni", "avx2", "neon-i8mm", "neon-dotprod",
-/// "neon" or "portable".
+/// The name of the kernel set in use: "avx512vnni", "avxvnni", "avx2", "neon-i8mm",
+/// "neon-dotprod", "neon" or "portable".
 pub fn kernel_set() -> &'static str {
     dispatch::active().name()
 }

@@ -1,8 +1,10 @@
-//! Weights repacked once, at load, for the AVX-512 VNNI GEMM/GEMV: sixteen rows are
-//! interleaved four bytes at a time, so one 64-byte load holds four consecutive weights
-//! of each of 16 rows, `vpdpbusd` against four broadcast activation bytes leaves the 16
-//! rows' partial sums in the 16 lanes, and no horizontal reduction is ever needed.
-//! In prefill the unpacked weight vector is reused for up to eight tokens from registers.
+//! Weights repacked once, at load, for the VNNI GEMM/GEMV: sixteen rows are interleaved
+//! four bytes at a time, so one 64-byte load holds four consecutive weights of each of
+//! 16 rows, `vpdpbusd` against four broadcast activation bytes leaves the 16 rows'
+//! partial sums in the 16 lanes, and no horizontal reduction is ever needed. In prefill
+//! the unpacked weight vector is reused for several tokens from registers. The same
+//! layout serves AVX-512 VNNI (a line per zmm, 8 tokens per tile) and AVX-VNNI (half a
+//! line per ymm, two 8-row passes, 4 tokens per tile).
 //!
 //! Every layout holds the same information as the source blocks, in (almost) the same
 //! bytes: Q8_0, Q4_0, Q5_0 and Q6_K are exactly as large; Q4_K and Q5_K grow by 4 bytes per 256
@@ -18,7 +20,7 @@
 //! A group is `nb` blocks of its 16 rows; inside a group each *section* (quants, high
 //! bits, scales, ...) is stored for all `nb` blocks in turn, so SIMD loads stay aligned.
 
-use crate::{QuantizedRows, SyncPtr, ThreadPool, dispatch};
+use crate::{KernelSet, QuantizedRows, SyncPtr, ThreadPool, dispatch};
 use llamay_formats::GgmlType;
 
 /// Rows interleaved in one group.
@@ -54,6 +56,8 @@ pub(crate) fn sections(ty: GgmlType) -> Option<&'static [usize]> {
 /// A weight matrix in the packed layout (rows a multiple of 16).
 #[derive(Clone)]
 pub struct PackedMatrix {
+    /// The kernel set it was packed for (one with packed kernels, available here).
+    set: KernelSet,
     ty: GgmlType,
     rows: usize,
     cols: usize,
@@ -64,7 +68,8 @@ pub struct PackedMatrix {
 
 impl std::fmt::Debug for PackedMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedMatrix({} {}x{})", self.ty, self.rows, self.cols)
+        let (ty, rows, cols, set) = (self.ty, self.rows, self.cols, self.set.name());
+        write!(f, "PackedMatrix({ty} {rows}x{cols} for {set})")
     }
 }
 
@@ -96,12 +101,23 @@ impl PackedMatrix {
     }
 }
 
-/// Whether `pack` would pack a `rows × cols` matrix of `ty` for the active kernel set:
-/// the set has packed kernels (AVX-512 VNNI), the format has a layout, and the rows
-/// fill whole groups.
+/// Whether `pack` would pack a `rows × cols` matrix of `ty` for the active kernel set.
 pub fn packable(ty: GgmlType, rows: usize, cols: usize) -> bool {
+    packable_with(dispatch::active(), ty, rows, cols)
+}
+
+/// Whether `set` has packed kernels for `ty` and this CPU runs it (x86-64 `Avx2`, not
+/// for Q8_0, whose pair sums overflow `vpmaddubsw`; `AvxVnni`; `Avx512Vnni`), the format
+/// has a layout, and the rows fill whole groups.
+pub fn packable_with(set: KernelSet, ty: GgmlType, rows: usize, cols: usize) -> bool {
+    let set_packs = match set {
+        KernelSet::Avx2 => ty != GgmlType::Q8_0,
+        KernelSet::AvxVnni | KernelSet::Avx512Vnni => true,
+        _ => false,
+    };
     cfg!(target_arch = "x86_64")
-        && dispatch::avx512_active()
+        && set_packs
+        && set.is_available()
         && sections(ty).is_some()
         && rows > 0
         && rows.is_multiple_of(GROUP_ROWS)
@@ -110,8 +126,8 @@ pub fn packable(ty: GgmlType, rows: usize, cols: usize) -> bool {
 }
 
 /// Repacks `rows` rows of `cols` values of `ty` (the file's bytes) for the packed
-/// kernels, groups in parallel on the pool; `None` when `packable` says no or `w` is
-/// shorter than the matrix.
+/// kernels of the active set, groups in parallel on the pool; `None` when `packable`
+/// says no or `w` is shorter than the matrix.
 pub fn pack(
     ty: GgmlType,
     w: &[u8],
@@ -119,7 +135,19 @@ pub fn pack(
     cols: usize,
     pool: &ThreadPool,
 ) -> Option<PackedMatrix> {
-    pack_releasing(ty, w, rows, cols, pool, &|_| {})
+    pack_with(dispatch::active(), ty, w, rows, cols, pool)
+}
+
+/// `pack` for the kernels of `set` (tests and benchmarks compare the sets).
+pub fn pack_with(
+    set: KernelSet,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    pool: &ThreadPool,
+) -> Option<PackedMatrix> {
+    pack_for(set, ty, w, rows, cols, pool, &|_| {})
 }
 
 /// Groups packed between two `release` calls (≈ 1 MiB of source for a wide matrix).
@@ -136,7 +164,19 @@ pub fn pack_releasing<'w>(
     pool: &ThreadPool,
     release: &dyn Fn(&'w [u8]),
 ) -> Option<PackedMatrix> {
-    if !packable(ty, rows, cols) {
+    pack_for(dispatch::active(), ty, w, rows, cols, pool, release)
+}
+
+fn pack_for<'w>(
+    set: KernelSet,
+    ty: GgmlType,
+    w: &'w [u8],
+    rows: usize,
+    cols: usize,
+    pool: &ThreadPool,
+    release: &dyn Fn(&'w [u8]),
+) -> Option<PackedMatrix> {
+    if !packable_with(set, ty, rows, cols) {
         return None;
     }
     let secs = sections(ty)?;
@@ -172,6 +212,7 @@ pub fn pack_releasing<'w>(
         release(&w[g0 * group_src..g1 * group_src]);
     }
     Some(PackedMatrix {
+        set,
         ty,
         rows,
         cols,
@@ -506,8 +547,6 @@ fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
     }
 }
 
-/// Tokens per register tile.
-pub(crate) const TILE: usize = 8;
 /// Tokens per task in prefill: the group's weights stay in L1 while this many
 /// activation rows stream from L2.
 const TOKEN_CHUNK: usize = 64;
@@ -550,11 +589,11 @@ pub fn matmul_packed(p: &PackedMatrix, a: &QuantizedRows, out: &mut [f32], pool:
         for g in g0..g1 {
             let mut t = t0;
             while t < t1 {
-                let m = (t1 - t).min(TILE);
+                let m = (t1 - t).min(tile_tokens(p.set));
                 // SAFETY: the kernels write out[(t+j)*rows + 16g .. +16] for j < m: inside
                 // this task's (groups × tokens) tile, disjoint from every other task's,
-                // and < n*rows <= out.len(). The packed kernels exist only when
-                // `packable` found AVX-512 VNNI (checked when `p` was built).
+                // and < n*rows <= out.len(). `p` exists only if `packable_with` found
+                // its set (AVX-VNNI or AVX-512 VNNI) on this CPU when it was built.
                 unsafe { run_tile(p, &prep, a, g, t, m, optr.get()) };
                 t += m;
             }
@@ -568,11 +607,26 @@ pub fn matmul_packed(p: &PackedMatrix, a: &QuantizedRows, out: &mut [f32], pool:
     }
 }
 
-/// Computes tokens `t..t+m` (m ≤ TILE) against group `g`.
+/// Tokens per register tile of `set`'s packed kernels.
+fn tile_tokens(set: KernelSet) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(set, KernelSet::Avx2 | KernelSet::AvxVnni) {
+        return crate::x86::packed256::TILE;
+    }
+    #[cfg(target_arch = "x86_64")]
+    return crate::x86::packed512::TILE;
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = set;
+        1
+    }
+}
+
+/// Computes tokens `t..t+m` (m ≤ the set's tile) against group `g`.
 ///
 /// # Safety
-/// `p` was built by `pack` (so the CPU has AVX-512 VNNI); `a` and `prep` match `p`;
-/// `out` has room for `(t+m) * p.rows` values.
+/// `p` was built by `pack_for` (so this CPU runs `p.set`, which has packed kernels);
+/// `a` and `prep` match `p`; `out` has room for `(t+m) * p.rows` values.
 #[cfg(target_arch = "x86_64")]
 unsafe fn run_tile(
     p: &PackedMatrix,
@@ -583,7 +637,7 @@ unsafe fn run_tile(
     m: usize,
     out: *mut f32,
 ) {
-    use crate::x86::packed512::{Tile, tile};
+    use crate::x86::{Tile, packed256, packed512};
     let nb = p.blocks_per_row();
     let rb = a.row_bytes();
     let tile_args = Tile {
@@ -597,8 +651,14 @@ unsafe fn run_tile(
         out: out.wrapping_add(t * p.rows + g * GROUP_ROWS),
         out_stride: p.rows,
     };
-    // SAFETY: forwarded from the caller.
-    unsafe { tile(p.ty, m, &tile_args) }
+    // SAFETY: forwarded from the caller; the kernels of `p.set`.
+    unsafe {
+        match p.set {
+            KernelSet::Avx2 => packed256::avx2::tile(p.ty, m, &tile_args),
+            KernelSet::AvxVnni => packed256::vnni::tile(p.ty, m, &tile_args),
+            _ => packed512::tile(p.ty, m, &tile_args),
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]

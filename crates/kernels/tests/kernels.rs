@@ -319,6 +319,7 @@ fn kernel_set_is_named() {
     let names = [
         "portable",
         "avx2",
+        "avxvnni",
         "avx512vnni",
         "neon",
         "neon-dotprod",

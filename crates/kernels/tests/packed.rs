@@ -1,6 +1,6 @@
-//! The packed (AVX-512 VNNI, 16-row interleaved) GEMM/GEMV against the portable
-//! kernels: random blocks (every byte random, scales finite), every token-tile size and
-//! several group counts. The packed kernels form the same exact integer block sums and
+//! The packed (16-row interleaved) GEMM/GEMV of every packed kernel set this CPU runs
+//! (AVX-512 VNNI, AVX-VNNI, AVX2) against the portable kernels: random blocks (every byte
+//! random, scales finite), every token-tile size and several group counts. The packed kernels form the same exact integer block sums and
 //! the same float steps in the same order, so the results must be *equal*.
 
 use llamay_formats::{GgmlType, GgmlType::*};
@@ -33,25 +33,39 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
 
 const PACKED: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K];
 
+/// The sets with packed kernels that this CPU runs (possibly none).
+fn packed_sets() -> Vec<KernelSet> {
+    let sets: Vec<_> = [KernelSet::Avx2, KernelSet::AvxVnni, KernelSet::Avx512Vnni]
+        .into_iter()
+        .filter(|s| s.is_available())
+        .collect();
+    if sets.is_empty() {
+        eprintln!("skipped: this CPU has no packed kernels (they need AVX2 or VNNI)");
+    }
+    sets
+}
+
 #[test]
 fn packed_matmul_equals_portable() {
-    if !KernelSet::Avx512Vnni.is_available() {
-        eprintln!("skipped: this CPU has no AVX-512 VNNI (no packed kernels)");
-        return;
-    }
     let pool = ThreadPool::new(2);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    for &ty in PACKED {
+    for (set, &ty) in packed_sets()
+        .into_iter()
+        .flat_map(|s| PACKED.iter().map(move |t| (s, t)))
+    {
         let bs = ty.block_size() as usize;
         for &(rows, nblocks) in &[(16, 1), (48, 3), (32, 8), (160, 2)] {
             let cols = nblocks * bs;
             let w = random_weights(ty, rows, cols, &mut rng);
-            // Only packable where the active set is AVX-512 VNNI (LLAMAY_CPU can cap it).
-            let Some(p) = pack(ty, &w, rows, cols, &pool) else {
-                assert!(!packable(ty, rows, cols));
-                eprintln!("skipped {ty}: the active kernel set does not pack");
+            let Some(p) = pack_with(set, ty, &w, rows, cols, &pool) else {
+                assert!(set == KernelSet::Avx2 && ty == Q8_0, "{set:?} packs {ty}");
                 continue;
             };
+            // `pack` follows the active set (LLAMAY_CPU can cap it below VNNI).
+            assert_eq!(
+                pack(ty, &w, rows, cols, &pool).is_some(),
+                packable(ty, rows, cols)
+            );
             assert_eq!((p.rows(), p.cols(), p.ty()), (rows, cols, ty));
             for &n in &[1usize, 2, 3, 7, 8, 9, 17, 70] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
@@ -73,7 +87,7 @@ fn packed_matmul_equals_portable() {
                     assert_eq!(
                         g.to_bits(),
                         e.to_bits(),
-                        "{ty} rows {rows} cols {cols} n {n}: token {} row {}: packed {g} vs portable {e}",
+                        "{set:?} {ty} rows {rows} cols {cols} n {n}: token {} row {}: packed {g} vs portable {e}",
                         i / rows,
                         i % rows
                     );
@@ -85,17 +99,18 @@ fn packed_matmul_equals_portable() {
 
 #[test]
 fn source_rows_are_the_file_bytes() {
-    if !KernelSet::Avx512Vnni.is_available() {
-        return;
-    }
     let pool = ThreadPool::new(2);
     let mut rng = Rng(7);
-    for &ty in PACKED {
+    for (set, &ty) in packed_sets()
+        .into_iter()
+        .flat_map(|s| PACKED.iter().map(move |t| (s, t)))
+    {
         let (rows, cols) = (32, 3 * ty.block_size() as usize);
         let rb = ty.bytes_for(cols as u64).unwrap() as usize;
         // Every byte random (scales too): the layout must be a bijection on bytes.
         let w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
-        let Some(p) = pack(ty, &w, rows, cols, &pool) else {
+        let Some(p) = pack_with(set, ty, &w, rows, cols, &pool) else {
+            assert!(set == KernelSet::Avx2 && ty == Q8_0, "{set:?} packs {ty}");
             continue;
         };
         let mut row = vec![0u8; rb];

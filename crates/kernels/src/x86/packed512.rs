@@ -9,27 +9,12 @@
 //! Every function here may only be called when `dispatch::hardware()` found avx2, fma,
 //! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
 
-use crate::packed::TILE;
+use super::Tile;
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
-/// Pointers for one tile; see `packed::run_tile`.
-pub(crate) struct Tile {
-    /// The group's first byte.
-    pub w: *const u8,
-    /// Blocks per row.
-    pub nb: usize,
-    /// The first token's activation row; the next is `a_stride` bytes on.
-    pub a: *const u8,
-    pub a_stride: usize,
-    /// The first token's block scales and aux values; per token `prep_stride` blocks.
-    pub dy: *const f32,
-    pub aux: *const i32,
-    pub prep_stride: usize,
-    /// Row 0 of the group for the first token; the next token is `out_stride` on.
-    pub out: *mut f32,
-    pub out_stride: usize,
-}
+/// Tokens per register tile.
+pub(crate) const TILE: usize = 8;
 
 /// Runs the kernel for `ty` on `m` tokens (1..=TILE).
 ///
