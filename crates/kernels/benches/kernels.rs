@@ -1,10 +1,11 @@
 //! GEMV (2048 x 2048) GB/s of weight bytes per format, and GFLOP/s of a 64-token matmul,
-//! portable vs each SIMD set this CPU has, and the packed (repacked-at-load) kernels. Run: `cargo bench -p llamay-kernels`.
+//! portable vs each SIMD set this CPU has, and the packed (repacked-at-load) kernels of
+//! each set that has them (`packed-avx512vnni`, `packed-avxvnni`, `packed-avx2`). Run: `cargo bench -p llamay-kernels`.
 //! Criterion's "elem/s" on the matmul group are FLOP/s (2·rows·cols·tokens per call).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use llamay_formats::GgmlType::{self, *};
-use llamay_kernels::{KernelSet, ThreadPool, matmul_packed, matmul_with, pack, quantize_rows};
+use llamay_kernels::{KernelSet, ThreadPool, matmul_packed, matmul_with, pack_with, quantize_rows};
 use std::time::Duration;
 
 const ROWS: usize = 2048;
@@ -57,6 +58,19 @@ fn activations_of(
     quantize_rows(ty.vec_dot_type(), &x, cols, pool)
 }
 
+/// The matrix packed for every packed kernel set this CPU runs.
+fn packed(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    pool: &ThreadPool,
+) -> Vec<(KernelSet, llamay_kernels::PackedMatrix)> {
+    (KernelSet::available().into_iter())
+        .filter_map(|set| Some((set, pack_with(set, ty, w, rows, cols, pool)?)))
+        .collect()
+}
+
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -79,8 +93,8 @@ fn gemv(c: &mut Criterion) {
                     b.iter(|| matmul_with(set, ty, &w, ROWS, COLS, &a, &mut out, &pool))
                 });
             }
-            if let Some(p) = pack(ty, &w, ROWS, COLS, &pool) {
-                let id = BenchmarkId::new(format!("{ty}/packed512"), format!("{nt}t"));
+            for (set, p) in packed(ty, &w, ROWS, COLS, &pool) {
+                let id = BenchmarkId::new(format!("{ty}/packed-{}", set.name()), format!("{nt}t"));
                 g.bench_function(id, |b| b.iter(|| matmul_packed(&p, &a, &mut out, &pool)));
             }
         }
@@ -106,8 +120,11 @@ fn prefill(c: &mut Criterion) {
                 b.iter(|| matmul_with(set, ty, &w, ROWS, COLS, &a, &mut out, &pool))
             });
         }
-        if let Some(p) = pack(ty, &w, ROWS, COLS, &pool) {
-            let id = BenchmarkId::new(format!("{ty}/packed512"), format!("{}t", threads()));
+        for (set, p) in packed(ty, &w, ROWS, COLS, &pool) {
+            let id = BenchmarkId::new(
+                format!("{ty}/packed-{}", set.name()),
+                format!("{}t", threads()),
+            );
             g.bench_function(id, |b| b.iter(|| matmul_packed(&p, &a, &mut out, &pool)));
         }
     }
@@ -128,8 +145,11 @@ fn prefill_model_shapes(c: &mut Criterion) {
         let a = activations_of(ty, TOKENS, cols, &pool);
         let mut out = vec![0f32; rows * TOKENS];
         g.throughput(Throughput::Elements((2 * rows * cols * TOKENS) as u64));
-        if let Some(p) = pack(ty, &w, rows, cols, &pool) {
-            let id = BenchmarkId::new(format!("{ty}/packed512/{rows}x{cols}"), threads());
+        for (set, p) in packed(ty, &w, rows, cols, &pool) {
+            let id = BenchmarkId::new(
+                format!("{ty}/packed-{}/{rows}x{cols}", set.name()),
+                threads(),
+            );
             g.bench_function(id, |b| b.iter(|| matmul_packed(&p, &a, &mut out, &pool)));
         }
     }

@@ -189,6 +189,12 @@ unsafe fn add_fifth_bit(w: __m256i, p: *const u8, h: usize) -> __m256i {
     }
 }
 
+/// Token `t`'s eight outputs of half `h`.
+#[inline(always)]
+fn out_at(p: &Tile, t: usize, h: usize) -> *mut f32 {
+    p.out.wrapping_add(t * p.out_stride + 8 * h)
+}
+
 /// The unsigned weights of quad `k` of block `b`, half `h`.
 #[inline(always)]
 unsafe fn legacy_quad<const F: u8>(
@@ -270,7 +276,11 @@ unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
-        let mut facc = [_mm256_setzero_ps(); T];
+        // The running sums live in `out`, not in registers: with the block sums and the
+        // sub-block sums, 16 ymm are too few (measured: faster than the spills).
+        for t in 0..T {
+            _mm256_storeu_ps(out_at(p, t, h), _mm256_setzero_ps());
+        }
         for b in 0..nb {
             let mut sumi = [_mm256_setzero_si256(); T];
             for j in 0..8 {
@@ -304,7 +314,9 @@ unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
             }
             let d = scales8(p.w.add(d_sec + b * 32), h);
             let dmin = scales8(p.w.add(dmin_sec + b * 32), h);
-            for (t, acc) in facc.iter_mut().enumerate() {
+            for t in 0..T {
+                let o = out_at(p, t, h);
+                let acc = &mut _mm256_loadu_ps(o);
                 let aux = p.aux.add((t * p.prep_stride + b) * 4);
                 let mut summs = _mm256_setzero_si256();
                 for (q, mp) in mpair.iter().enumerate() {
@@ -319,10 +331,8 @@ unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
                     x,
                     _mm256_mul_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(summs)),
                 );
+                _mm256_storeu_ps(o, *acc);
             }
-        }
-        for (t, acc) in facc.iter().enumerate() {
-            _mm256_storeu_ps(p.out.add(t * p.out_stride + 8 * h), *acc);
         }
     }
 }
