@@ -314,9 +314,8 @@ unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
             }
             let d = scales8(p.w.add(d_sec + b * 32), h);
             let dmin = scales8(p.w.add(dmin_sec + b * 32), h);
-            for t in 0..T {
+            for (t, si) in sumi.iter().enumerate() {
                 let o = out_at(p, t, h);
-                let acc = &mut _mm256_loadu_ps(o);
                 let aux = p.aux.add((t * p.prep_stride + b) * 4);
                 let mut summs = _mm256_setzero_si256();
                 for (q, mp) in mpair.iter().enumerate() {
@@ -324,14 +323,14 @@ unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
                 }
                 let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
                 let x = _mm256_add_ps(
-                    *acc,
-                    _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(sumi[t])),
+                    _mm256_loadu_ps(o),
+                    _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si)),
                 );
-                *acc = _mm256_sub_ps(
+                let acc = _mm256_sub_ps(
                     x,
                     _mm256_mul_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(summs)),
                 );
-                _mm256_storeu_ps(o, *acc);
+                _mm256_storeu_ps(o, acc);
             }
         }
     }
