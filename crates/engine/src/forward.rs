@@ -4,7 +4,7 @@
 use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
 use crate::attention::{self, Shape};
 use crate::kv::KvCache;
-use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm, silu};
+use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm};
 use crate::rope;
 use crate::tensor::matmul;
 use crate::weights::{Linear, Norm};
@@ -45,19 +45,33 @@ impl Logits {
     }
 }
 
-fn apply_norm(x: &mut [f32], norm: &Norm, kind: NormKind, eps: f32, cols: usize) {
-    for row in x.chunks_mut(cols) {
-        match kind {
-            NormKind::Rms => rms_norm(row, &norm.weight, eps),
-            NormKind::Layer => layer_norm(row, &norm.weight, norm.bias.as_deref(), eps),
+/// Rows per task of the row-wise steps (norms, rope).
+const ROWS_PER_TASK: usize = 16;
+
+/// Normalises every `cols`-long row of `x`, rows spread over the pool.
+fn apply_norm(
+    x: &mut [f32],
+    norm: &Norm,
+    kind: NormKind,
+    eps: f32,
+    cols: usize,
+    pool: &ThreadPool,
+) {
+    pool.for_each_chunk_mut(x, cols * ROWS_PER_TASK, |_, rows| {
+        for row in rows.chunks_mut(cols) {
+            match kind {
+                NormKind::Rms => rms_norm(row, &norm.weight, eps),
+                NormKind::Layer => layer_norm(row, &norm.weight, norm.bias.as_deref(), eps),
+            }
         }
-    }
+    });
 }
 
-fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize) {
-    for row in x.chunks_mut(cols) {
-        rms_norm(row, w, eps);
-    }
+/// RMS-normalises every `cols`-long row of `x` by `w`, rows spread over the pool.
+fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize, pool: &ThreadPool) {
+    pool.for_each_chunk_mut(x, cols * ROWS_PER_TASK, |_, rows| {
+        rows.chunks_mut(cols).for_each(|row| rms_norm(row, w, eps));
+    });
 }
 
 /// `y = W x + b` for `n` rows of input.
@@ -141,30 +155,46 @@ impl Model<'_> {
         let hk = cfg.head_dim_k;
         for (il, layer) in self.weights.layers.iter().enumerate() {
             let mut h = x.clone();
-            apply_norm(&mut h, &layer.attn_norm, arch.norm, cfg.norm_eps, e);
+            apply_norm(
+                &mut h,
+                &layer.attn_norm,
+                arch.norm,
+                cfg.norm_eps,
+                e,
+                threads,
+            );
 
             let mut q = linear(&layer.q, &h, n, threads);
             let mut k = linear(&layer.k, &h, n, threads);
             let v = linear(&layer.v, &h, n, threads);
             if let Some(w) = &layer.q_norm {
-                rms_rows(&mut q, w, cfg.norm_eps, hk);
+                rms_rows(&mut q, w, cfg.norm_eps, hk, threads);
             }
             if let Some(w) = &layer.k_norm {
-                rms_rows(&mut k, w, cfg.norm_eps, hk);
+                rms_rows(&mut k, w, cfg.norm_eps, hk, threads);
             }
             let swa = cfg.swa_layers[il];
             let rope = if swa { &cfg.rope_swa } else { &cfg.rope };
             if arch.rope != RopeStyle::None {
-                let mut angles = Vec::with_capacity(cfg.n_rot / 2);
-                for (t, bt) in batch.iter().enumerate() {
+                // Each token's angles, then the rotation of its q and k heads by task.
+                let half = cfg.n_rot / 2;
+                let mut angles = Vec::with_capacity(n * half);
+                let mut one = Vec::with_capacity(half);
+                for bt in batch {
                     let factors = (self.weights.rope_factors)
                         .for_context(caches[bt.seq].capacity(), cfg.n_ctx_orig);
-                    let q_heads = q[t * qd..(t + 1) * qd].chunks_mut(hk);
-                    let k_heads = k[t * kd..(t + 1) * kd].chunks_mut(hk);
-                    rope.angles(bt.pos, factors, &mut angles);
-                    for head in q_heads.chain(k_heads) {
-                        rope::rotate(head, &angles, arch.rope);
-                    }
+                    rope.angles(bt.pos, factors, &mut one);
+                    angles.extend_from_slice(&one);
+                }
+                for (buf, dim) in [(&mut q, qd), (&mut k, kd)] {
+                    threads.for_each_chunk_mut(buf, dim * ROWS_PER_TASK, |i, rows| {
+                        for (j, row) in rows.chunks_mut(dim).enumerate() {
+                            let t = i * ROWS_PER_TASK + j;
+                            let a = &angles[t * half..(t + 1) * half];
+                            row.chunks_mut(hk)
+                                .for_each(|h| rope::rotate(h, a, arch.rope));
+                        }
+                    });
                 }
             }
             for (t, bt) in batch.iter().enumerate() {
@@ -174,7 +204,7 @@ impl Model<'_> {
             let attn = self.attention(caches, batch, il, &q, swa);
             let mut o = linear(&layer.attn_out, &attn, n, threads);
             if let Some(w) = &layer.post_attn_norm {
-                rms_rows(&mut o, w, cfg.norm_eps, e);
+                rms_rows(&mut o, w, cfg.norm_eps, e, threads);
             }
 
             match arch.residual {
@@ -182,7 +212,7 @@ impl Model<'_> {
                     x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
                     let mut h2 = x.clone();
                     if let Some(norm) = &layer.ffn_norm {
-                        apply_norm(&mut h2, norm, arch.norm, cfg.norm_eps, e);
+                        apply_norm(&mut h2, norm, arch.norm, cfg.norm_eps, e, threads);
                     }
                     let f = self.ffn(layer, &h2, n);
                     x.iter_mut().zip(&f).for_each(|(a, b)| *a += b);
@@ -193,7 +223,7 @@ impl Model<'_> {
                     } else {
                         let mut h2 = x.clone();
                         if let Some(norm) = &layer.ffn_norm {
-                            apply_norm(&mut h2, norm, arch.norm, cfg.norm_eps, e);
+                            apply_norm(&mut h2, norm, arch.norm, cfg.norm_eps, e, threads);
                         }
                         self.ffn(layer, &h2, n)
                     };
@@ -224,6 +254,7 @@ impl Model<'_> {
             arch.norm,
             cfg.norm_eps,
             e,
+            threads,
         );
         let mut values = linear(&self.weights.output, &h, index.len(), threads);
         if let Some(c) = cfg.final_softcap {
@@ -243,20 +274,30 @@ impl Model<'_> {
             FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu => {
                 if let Some(gate) = &layer.ffn_gate {
                     let g = linear(gate, h, n, threads);
-                    let mut g = g;
                     if self.config.arch.ffn == FfnKind::GeGlu {
-                        gelu_slice(&mut g);
+                        // up *= gelu(g), a piece per task (GELU works in place).
+                        const CHUNK: usize = 16 * 1024;
+                        threads.for_each_chunk_mut(&mut up, CHUNK, |i, u| {
+                            let mut gi = g[i * CHUNK..][..u.len()].to_vec();
+                            gelu_slice(&mut gi);
+                            u.iter_mut().zip(&gi).for_each(|(u, g)| *u *= g);
+                        });
                     } else {
-                        g.iter_mut().for_each(|v| *v = silu(*v));
+                        llamay_kernels::swiglu(&mut up, &g, threads);
                     }
-                    up.iter_mut().zip(&g).for_each(|(u, g)| *u *= g);
                 }
             }
-            FfnKind::Gelu => gelu_slice(&mut up),
+            FfnKind::Gelu => threads.for_each_chunk_mut(&mut up, 16 * 1024, |_, u| gelu_slice(u)),
         }
         let mut down = linear(&layer.ffn_down, &up, n, threads);
         if let Some(w) = &layer.post_ffn_norm {
-            rms_rows(&mut down, w, self.config.norm_eps, self.config.n_embd);
+            rms_rows(
+                &mut down,
+                w,
+                self.config.norm_eps,
+                self.config.n_embd,
+                threads,
+            );
         }
         down
     }

@@ -91,10 +91,6 @@ pub fn gelu_slice(x: &mut [f32]) {
     }
 }
 
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -109,6 +109,7 @@ pub fn exp_tile(s: &mut [f32; TILE], n: usize, max: f32) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::TILE;
+    use crate::vecf32::avx2::exp8;
     use std::arch::x86_64::*;
 
     /// # Safety
@@ -149,40 +150,6 @@ mod avx2 {
                 r += 1;
             }
         }
-    }
-
-    /// `exp(x)` for 8 lanes: Cephes' range reduction (x = k·ln2 + r, |r| ≤ ln2/2, the
-    /// constant split in two for accuracy) and its degree-5 polynomial, within 2 ulp;
-    /// −∞ and anything below −87.3 give 0.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn exp8(x: __m256) -> __m256 {
-        let lo = _mm256_set1_ps(-87.336_54);
-        let under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-        let x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.376_26));
-        let k = _mm256_round_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-        );
-        let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
-            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-        }
-        let r2 = _mm256_mul_ps(r, r);
-        let y = _mm256_add_ps(_mm256_fmadd_ps(y, r2, r), _mm256_set1_ps(1.0));
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)),
-            23,
-        ));
-        _mm256_andnot_ps(under, _mm256_mul_ps(y, pow2))
     }
 
     /// # Safety

@@ -29,7 +29,7 @@ pub use packed::{
     packable_with,
 };
 pub use pool::ThreadPool;
-pub use vecf32::{axpy_f32, dot_f32};
+pub use vecf32::{axpy_f32, dot_f32, silu, swiglu};
 
 pub(crate) type DotFn = fn(&[u8], &[u8], usize) -> f32;
 
@@ -192,8 +192,14 @@ fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
 }
 
 /// A raw pointer that tasks may share because each writes a disjoint part.
-#[derive(Clone, Copy)]
-struct SyncPtr<T>(*mut T);
+pub(crate) struct SyncPtr<T>(pub(crate) *mut T);
+// Copy for any T (a derive would ask T: Copy): it is only a pointer.
+impl<T> Clone for SyncPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SyncPtr<T> {}
 // SAFETY: used only to hand disjoint output ranges to pool tasks (see each use).
 unsafe impl<T> Send for SyncPtr<T> {}
 // SAFETY: as above.
@@ -201,7 +207,7 @@ unsafe impl<T> Sync for SyncPtr<T> {}
 
 impl<T> SyncPtr<T> {
     /// Through a method, so closures capture the whole (Sync) wrapper.
-    fn get(self) -> *mut T {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

@@ -97,6 +97,26 @@ impl ThreadPool {
         self.workers.len() + 1
     }
 
+    /// `f(i, chunk)` for every `chunk`-long piece `i` of `data` (the last may be
+    /// shorter), the pieces spread over the pool: element-wise work on a large buffer.
+    pub fn for_each_chunk_mut<T: Send>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        let chunk = chunk.max(1);
+        let (len, base) = (data.len(), crate::SyncPtr(data.as_mut_ptr()));
+        self.run(len.div_ceil(chunk), |i| {
+            let start = i * chunk;
+            let n = chunk.min(len - start);
+            // SAFETY: task i alone touches data[start..start + n] (disjoint for distinct
+            // i, inside `data`), and `data` stays borrowed until `run` returns.
+            let piece = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), n) };
+            f(i, piece);
+        });
+    }
+
     /// Runs `f(i)` exactly once for every `i` in `0..n_tasks`, spread over the pool's
     /// threads (the caller participates), and returns when all have finished.
     ///
