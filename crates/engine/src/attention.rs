@@ -16,7 +16,7 @@
 
 use crate::forward::BatchToken;
 use crate::kv::KvCache;
-use llamay_kernels::attn_tile::{TILE, exp_tile, pv_tile, scores_tile};
+use llamay_kernels::attn_tile::{TILE, pv_tile, scores_tile, softmax_row};
 use llamay_kernels::{ThreadPool, axpy_f32};
 use std::sync::OnceLock;
 
@@ -288,30 +288,10 @@ fn run_task(
                 let srow: &mut [f32; TILE] = (&mut s[r * TILE..(r + 1) * TILE])
                     .try_into()
                     .expect("a score row is TILE long");
-                if a >= b {
-                    srow.fill(0.0);
-                    continue;
+                let c = softmax_row(srow, a..b, shape.scale, shape.softcap, &mut m[r], &mut l[r]);
+                if c != 1.0 {
+                    acc[r * hv..(r + 1) * hv].iter_mut().for_each(|x| *x *= c);
                 }
-                let mut mt = f32::NEG_INFINITY;
-                srow[..a].fill(f32::NEG_INFINITY);
-                for v in &mut srow[a..b] {
-                    *v *= shape.scale;
-                    if let Some(c) = shape.softcap {
-                        *v = (*v / c).tanh() * c;
-                    }
-                    mt = mt.max(*v);
-                }
-                let mn = m[r].max(mt);
-                if mn > m[r] {
-                    if m[r] != f32::NEG_INFINITY {
-                        let c = (m[r] - mn).exp();
-                        l[r] *= c;
-                        acc[r * hv..(r + 1) * hv].iter_mut().for_each(|x| *x *= c);
-                    }
-                    m[r] = mn;
-                }
-                // Weights: exp(s − max) for the visible positions, 0 elsewhere.
-                l[r] += exp_tile(srow, b, mn);
             }
         }
         pv_tile(&s, rows, &vt, hv, &mut acc);

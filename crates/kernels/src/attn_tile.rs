@@ -106,6 +106,59 @@ pub fn exp_tile(s: &mut [f32; TILE], n: usize, max: f32) -> f32 {
     sum
 }
 
+/// One score row's online-softmax step over a tile: scales the visible positions
+/// `visible` (and soft-caps them: `c · tanh(s / c)`), raises the running max `m` to the
+/// tile's, and writes the weights `exp(s − m)` (0 outside `visible`); `l` becomes the
+/// running sum at the new max. Returns the factor `exp(m_old − m_new)` by which the
+/// row's accumulator must be multiplied (1 when the max did not grow).
+pub fn softmax_row(
+    s: &mut [f32; TILE],
+    visible: std::ops::Range<usize>,
+    scale: f32,
+    softcap: Option<f32>,
+    m: &mut f32,
+    l: &mut f32,
+) -> f32 {
+    let (a, b) = (visible.start.min(TILE), visible.end.min(TILE));
+    if a >= b {
+        s.fill(0.0);
+        return 1.0;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if softcap.is_none() && simd() == Some(true) {
+        // SAFETY: the dispatch reports AVX-512 only when the CPU has avx512f (+AVX2/FMA).
+        return unsafe { avx512::softmax_row(s, a, b, scale, m, l) };
+    }
+    let mut mt = f32::NEG_INFINITY;
+    s[..a].fill(f32::NEG_INFINITY);
+    for v in &mut s[a..b] {
+        *v *= scale;
+        if let Some(c) = softcap {
+            *v = (*v / c).tanh() * c;
+        }
+        mt = mt.max(*v);
+    }
+    let c = grow_max(m, l, mt);
+    *l += exp_tile(s, b, *m);
+    c
+}
+
+/// Raises the running max `m` to `mt` (if larger), rescaling the running sum `l`;
+/// returns the rescale factor.
+fn grow_max(m: &mut f32, l: &mut f32, mt: f32) -> f32 {
+    if mt <= *m {
+        return 1.0;
+    }
+    let c = if *m == f32::NEG_INFINITY {
+        1.0
+    } else {
+        (*m - mt).exp()
+    };
+    *l *= c;
+    *m = mt;
+    c
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::TILE;
@@ -224,6 +277,66 @@ mod avx512 {
     use super::TILE;
     use std::arch::x86_64::*;
 
+    /// `exp(x)` for 16 lanes: `vecf32::avx2::exp8`'s steps at 512 bits (the same
+    /// value per lane).
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[inline]
+    fn exp16(x: __m512) -> __m512 {
+        let lo = _mm512_set1_ps(-87.336_54);
+        let under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+        let x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.376_26));
+        let k = _mm512_roundscale_ps(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+        }
+        let r2 = _mm512_mul_ps(r, r);
+        let y = _mm512_add_ps(_mm512_fmadd_ps(y, r2, r), _mm512_set1_ps(1.0));
+        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)),
+            23,
+        ));
+        _mm512_maskz_mov_ps(!under, _mm512_mul_ps(y, pow2))
+    }
+
+    /// `super::softmax_row` without soft-cap, for `a < b <= TILE`: one vector.
+    ///
+    /// # Safety
+    /// AVX-512F (+ AVX2, FMA).
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn softmax_row(
+        s: &mut [f32; TILE],
+        a: usize,
+        b: usize,
+        scale: f32,
+        m: &mut f32,
+        l: &mut f32,
+    ) -> f32 {
+        let visible = (((1u32 << b) - 1) & !((1u32 << a) - 1)) as __mmask16;
+        // SAFETY: `s` holds TILE = 16 floats.
+        let v = _mm512_mul_ps(
+            unsafe { _mm512_loadu_ps(s.as_ptr()) },
+            _mm512_set1_ps(scale),
+        );
+        let c = super::grow_max(m, l, _mm512_mask_reduce_max_ps(visible, v));
+        let p = _mm512_maskz_mov_ps(visible, exp16(_mm512_sub_ps(v, _mm512_set1_ps(*m))));
+        *l += _mm512_reduce_add_ps(p);
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(s.as_mut_ptr(), p) };
+        c
+    }
+
     /// # Safety
     /// AVX-512F (+ AVX2, FMA); shapes as `scores_tile` checks.
     #[target_feature(enable = "avx2,fma,avx512f")]
@@ -289,6 +402,28 @@ mod avx512 {
                         _mm512_storeu_ps(a_row.add(c0 + 16 * u), *x);
                     }
                     c0 += 128;
+                }
+                // 64 columns (a whole head of 64) per pass: each weight broadcast once.
+                while c0 + 64 <= hv {
+                    let mut a = [_mm512_setzero_ps(); 4];
+                    for (u, x) in a.iter_mut().enumerate() {
+                        *x = _mm512_loadu_ps(a_row.add(c0 + 16 * u));
+                    }
+                    for j in 0..TILE {
+                        let w = *pp.add(r * TILE + j);
+                        if w == 0.0 {
+                            continue;
+                        }
+                        let w = _mm512_set1_ps(w);
+                        let vr = vp.add(j * hv + c0);
+                        for (u, x) in a.iter_mut().enumerate() {
+                            *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * u)), *x);
+                        }
+                    }
+                    for (u, x) in a.iter().enumerate() {
+                        _mm512_storeu_ps(a_row.add(c0 + 16 * u), *x);
+                    }
+                    c0 += 64;
                 }
                 while c0 + 16 <= hv {
                     let mut x = _mm512_loadu_ps(a_row.add(c0));
@@ -366,6 +501,61 @@ mod tests {
                     );
                 }
                 assert!((sum - want_sum).abs() <= 1e-5 * (1.0 + want_sum));
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_row_steps_match_plain_softmax() {
+        let mut seed = 5u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
+        };
+        for softcap in [None, Some(3.0)] {
+            for (a, b) in [(0, 16), (3, 11), (0, 1), (15, 16), (5, 5)] {
+                // Two tiles in turn: the second row's max may or may not grow.
+                let rows: Vec<[f32; TILE]> =
+                    (0..2).map(|_| std::array::from_fn(|_| next())).collect();
+                let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                let mut weights = Vec::new();
+                let mut factors = Vec::new();
+                for row in &rows {
+                    let mut s = *row;
+                    factors.push(softmax_row(&mut s, a..b, 0.5, softcap, &mut m, &mut l));
+                    weights.push(s);
+                }
+                // Reference: every visible value over both tiles, in f64.
+                let f = |v: f32| {
+                    let x = f64::from(v) * 0.5;
+                    softcap.map_or(x, |c| (x / f64::from(c)).tanh() * f64::from(c))
+                };
+                let vis: Vec<f64> = rows
+                    .iter()
+                    .flat_map(|r| r[a..b].iter().map(|&v| f(v)))
+                    .collect();
+                if vis.is_empty() {
+                    assert_eq!((m, l), (f32::NEG_INFINITY, 0.0));
+                    assert!(weights.iter().all(|w| w.iter().all(|&x| x == 0.0)));
+                    continue;
+                }
+                let max = vis.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = vis.iter().map(|v| (v - max).exp()).sum();
+                assert!((f64::from(m) - max).abs() < 1e-5, "max {m} vs {max}");
+                assert!((f64::from(l) - sum).abs() < 1e-5 * sum, "sum {l} vs {sum}");
+                // Tile 0's weights, carried to the final max by tile 1's factor.
+                for (t, w) in weights.iter().enumerate() {
+                    let carry = if t == 0 { f64::from(factors[1]) } else { 1.0 };
+                    for j in 0..TILE {
+                        let want = if (a..b).contains(&j) {
+                            (f(rows[t][j]) - max).exp()
+                        } else {
+                            0.0
+                        };
+                        let got = f64::from(w[j]) * carry;
+                        assert!((got - want).abs() < 1e-5, "tile {t} [{j}]: {got} vs {want}");
+                    }
+                }
             }
         }
     }
