@@ -107,16 +107,16 @@ pub fn packable(ty: GgmlType, rows: usize, cols: usize) -> bool {
 }
 
 /// Whether `set` has packed kernels for `ty` and this CPU runs it (x86-64 `Avx2`, not
-/// for Q8_0, whose pair sums overflow `vpmaddubsw`; `AvxVnni`; `Avx512Vnni`), the format
-/// has a layout, and the rows fill whole groups.
+/// for Q8_0, whose pair sums overflow `vpmaddubsw`; `AvxVnni`; `Avx512Vnni`; aarch64
+/// `NeonDotprod`, not for Q8_0, whose stored bytes do not fit `sdot`'s signed weights;
+/// `NeonI8mm`), the format has a layout, and the rows fill whole groups.
 pub fn packable_with(set: KernelSet, ty: GgmlType, rows: usize, cols: usize) -> bool {
     let set_packs = match set {
-        KernelSet::Avx2 => ty != GgmlType::Q8_0,
-        KernelSet::AvxVnni | KernelSet::Avx512Vnni => true,
-        _ => false,
+        KernelSet::Avx2 | KernelSet::NeonDotprod => ty != GgmlType::Q8_0,
+        KernelSet::AvxVnni | KernelSet::Avx512Vnni | KernelSet::NeonI8mm => true,
+        KernelSet::Portable | KernelSet::Neon => false,
     };
-    cfg!(target_arch = "x86_64")
-        && set_packs
+    set_packs
         && set.is_available()
         && sections(ty).is_some()
         && rows > 0
@@ -477,8 +477,11 @@ fn unpack_block(
 /// matmul: the f32 scale of every block and the integer start values of the block sums
 /// (`-offset · Σq` for the legacy formats, `-32 · bsum` per 16 for Q6_K, the paired
 /// 32-element sums for Q4_K's mins).
-// Read only by the x86 kernels; elsewhere nothing packs (`packable`).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// Read only by the x86-64 and aarch64 kernels; elsewhere nothing packs (`packable`).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) struct ActPrep {
     pub dy: Vec<f32>,
     pub aux: Vec<i32>,
@@ -547,6 +550,24 @@ fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
     }
 }
 
+/// Pointers for one tile; see `packed::run_tile`.
+pub(crate) struct Tile {
+    /// The group's first byte.
+    pub w: *const u8,
+    /// Blocks per row.
+    pub nb: usize,
+    /// The first token's activation row; the next is `a_stride` bytes on.
+    pub a: *const u8,
+    pub a_stride: usize,
+    /// The first token's block scales and aux values; per token `prep_stride` blocks.
+    pub dy: *const f32,
+    pub aux: *const i32,
+    pub prep_stride: usize,
+    /// Row 0 of the group for the first token; the next token is `out_stride` on.
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
 /// Tokens per task in prefill: the group's weights stay in L1 while this many
 /// activation rows stream from L2.
 const TOKEN_CHUNK: usize = 64;
@@ -609,16 +630,14 @@ pub fn matmul_packed(p: &PackedMatrix, a: &QuantizedRows, out: &mut [f32], pool:
 
 /// Tokens per register tile of `set`'s packed kernels.
 fn tile_tokens(set: KernelSet) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(set, KernelSet::Avx2 | KernelSet::AvxVnni) {
-        return crate::x86::packed256::TILE;
-    }
-    #[cfg(target_arch = "x86_64")]
-    return crate::x86::packed512::TILE;
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = set;
-        1
+    match set {
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx2 | KernelSet::AvxVnni => crate::x86::packed256::TILE,
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx512Vnni => crate::x86::packed512::TILE,
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        KernelSet::NeonDotprod | KernelSet::NeonI8mm => crate::aarch64::packed::TILE,
+        _ => 1,
     }
 }
 
@@ -627,7 +646,6 @@ fn tile_tokens(set: KernelSet) -> usize {
 /// # Safety
 /// `p` was built by `pack_for` (so this CPU runs `p.set`, which has packed kernels);
 /// `a` and `prep` match `p`; `out` has room for `(t+m) * p.rows` values.
-#[cfg(target_arch = "x86_64")]
 unsafe fn run_tile(
     p: &PackedMatrix,
     prep: &ActPrep,
@@ -637,7 +655,6 @@ unsafe fn run_tile(
     m: usize,
     out: *mut f32,
 ) {
-    use crate::x86::{Tile, packed256, packed512};
     let nb = p.blocks_per_row();
     let rb = a.row_bytes();
     let tile_args = Tile {
@@ -651,25 +668,20 @@ unsafe fn run_tile(
         out: out.wrapping_add(t * p.rows + g * GROUP_ROWS),
         out_stride: p.rows,
     };
-    // SAFETY: forwarded from the caller; the kernels of `p.set`.
+    // SAFETY: forwarded from the caller; the kernels of `p.set`, which this CPU runs.
     unsafe {
         match p.set {
-            KernelSet::Avx2 => packed256::avx2::tile(p.ty, m, &tile_args),
-            KernelSet::AvxVnni => packed256::vnni::tile(p.ty, m, &tile_args),
-            _ => packed512::tile(p.ty, m, &tile_args),
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::Avx2 => crate::x86::packed256::avx2::tile(p.ty, m, &tile_args),
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::AvxVnni => crate::x86::packed256::vnni::tile(p.ty, m, &tile_args),
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::Avx512Vnni => crate::x86::packed512::tile(p.ty, m, &tile_args),
+            #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+            KernelSet::NeonDotprod => crate::aarch64::packed::dotprod::tile(p.ty, m, &tile_args),
+            #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+            KernelSet::NeonI8mm => crate::aarch64::packed::i8mm::tile(p.ty, m, &tile_args),
+            _ => unreachable!("packable_with admits no other set"),
         }
     }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn run_tile(
-    _: &PackedMatrix,
-    _: &ActPrep,
-    _: &QuantizedRows,
-    _: usize,
-    _: usize,
-    _: usize,
-    _: *mut f32,
-) {
-    unreachable!("packed matrices exist only on x86-64 (packable)")
 }

@@ -1,5 +1,5 @@
 //! The packed (16-row interleaved) GEMM/GEMV of every packed kernel set this CPU runs
-//! (AVX-512 VNNI, AVX-VNNI, AVX2) against the portable kernels: random blocks (every byte
+//! (AVX-512 VNNI, AVX-VNNI, AVX2; NEON i8mm and dotprod) against the portable kernels: random blocks (every byte
 //! random, scales finite), every token-tile size and several group counts. The packed kernels form the same exact integer block sums and
 //! the same float steps in the same order, so the results must be *equal*.
 
@@ -35,9 +35,9 @@ const PACKED: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K];
 
 /// The sets with packed kernels that this CPU runs (possibly none).
 fn packed_sets() -> Vec<KernelSet> {
-    let sets: Vec<_> = [KernelSet::Avx2, KernelSet::AvxVnni, KernelSet::Avx512Vnni]
-        .into_iter()
-        .filter(|s| s.is_available())
+    // Q4_K packs under every set that packs at all.
+    let sets: Vec<_> = (KernelSet::ALL.into_iter())
+        .filter(|&s| packable_with(s, Q4_K, 16, 256))
         .collect();
     if sets.is_empty() {
         eprintln!("skipped: this CPU has no packed kernels (they need AVX2 or VNNI)");
@@ -58,7 +58,7 @@ fn packed_matmul_equals_portable() {
             let cols = nblocks * bs;
             let w = random_weights(ty, rows, cols, &mut rng);
             let Some(p) = pack_with(set, ty, &w, rows, cols, &pool) else {
-                assert!(set == KernelSet::Avx2 && ty == Q8_0, "{set:?} packs {ty}");
+                assert!(ty == Q8_0 && matches!(set, KernelSet::Avx2 | KernelSet::NeonDotprod));
                 continue;
             };
             // `pack` follows the active set (LLAMAY_CPU can cap it below VNNI).
@@ -110,7 +110,7 @@ fn source_rows_are_the_file_bytes() {
         // Every byte random (scales too): the layout must be a bijection on bytes.
         let w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
         let Some(p) = pack_with(set, ty, &w, rows, cols, &pool) else {
-            assert!(set == KernelSet::Avx2 && ty == Q8_0, "{set:?} packs {ty}");
+            assert!(ty == Q8_0 && matches!(set, KernelSet::Avx2 | KernelSet::NeonDotprod));
             continue;
         };
         let mut row = vec![0u8; rb];

@@ -56,7 +56,7 @@ unsafe fn ld_i16x8(p: *const u8) -> int16x8_t {
 /// # Safety
 /// NEON.
 #[inline(always)]
-unsafe fn cvt_lo(h: uint16x8_t) -> float32x4_t {
+pub(super) unsafe fn cvt_lo(h: uint16x8_t) -> float32x4_t {
     let out: float32x4_t;
     // SAFETY: registers only.
     unsafe {
@@ -107,7 +107,7 @@ unsafe fn f16p(p: *const u8) -> f32 {
 /// # Safety
 /// NEON (as every function here: the intrinsics need a `neon` context).
 #[inline(always)]
-unsafe fn bits16(lo: u8, hi: u8) -> uint8x16_t {
+pub(super) unsafe fn bits16(lo: u8, hi: u8) -> uint8x16_t {
     // SAFETY: NEON, the caller's.
     unsafe {
         let v = vcombine_u8(vdup_n_u8(lo), vdup_n_u8(hi));

@@ -13,6 +13,7 @@
 
 mod dot;
 mod kernels;
+pub(crate) mod packed;
 
 use crate::KernelSet;
 use llamay_formats::GgmlType;

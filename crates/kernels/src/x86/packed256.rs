@@ -15,7 +15,7 @@
 //! An entry may only be called when `dispatch` found its set's features (avx2, fma,
 //! f16c, and avxvnni for `vnni`), which `packed::packable_with` guarantees.
 
-use super::Tile;
+use crate::packed::Tile;
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 

@@ -9,7 +9,7 @@
 //! Every function here may only be called when `dispatch::hardware()` found avx2, fma,
 //! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
 
-use super::Tile;
+use crate::packed::Tile;
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
