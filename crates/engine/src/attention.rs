@@ -40,7 +40,7 @@ pub(crate) struct Shape {
 pub(crate) struct Tuning {
     /// Most query tokens of one sequence per task.
     pub block: usize,
-    /// KV positions read (widened from f16) at once.
+    /// Granule of a split KV range, in positions.
     pub tile: usize,
     /// Fewest KV positions a split covers.
     pub min_split: usize,
@@ -179,7 +179,7 @@ pub(crate) fn attention_with(
         let chunk = (hi - lo).div_ceil(n_split).next_multiple_of(tile);
         let c0 = (lo + s * chunk).min(hi);
         let c1 = (c0 + chunk).min(hi);
-        let p = run_task(shape, tile, &caches[block.seq], il, q, block, kvh, c0..c1);
+        let p = run_task(shape, &caches[block.seq], il, q, block, kvh, c0..c1);
         let _ = slots[i].set(p);
     });
 
@@ -229,7 +229,6 @@ pub(crate) fn attention_with(
 #[allow(clippy::too_many_arguments)]
 fn run_task(
     shape: &Shape,
-    tile: usize,
     cache: &KvCache,
     il: usize,
     q: &[f32],
@@ -254,36 +253,33 @@ fn run_task(
     let (kdim, vdim) = cache.dims();
     let (keys, values) = (cache.keys(il), cache.values(il));
     let mut kbuf = Vec::new();
-    // The tile's keys transposed (`hk × TILE`, the keys in SIMD lanes) and its values
-    // (`TILE × hv`), zero past the range's end; the scores, then the weights, of every row.
-    let mut kt = vec![0f32; hk * TILE];
+    // The tile's values (`TILE × hv`, zero past the range's end); the scores, then the
+    // weights, of every row. Keys come transposed from the cache (`hk × TILE`).
     let mut vt = vec![0f32; TILE * hv];
     let mut s = vec![0f32; rows * TILE];
-    let step = tile.clamp(1, TILE);
-    let mut ts = range.start;
-    while ts < range.end {
-        let te = (ts + step).min(range.end);
+    // The cache's key tiles that meet the range; positions of a tile outside the range
+    // (or past the cache's end) get weight 0 through each row's visible span.
+    let tiles = if range.is_empty() {
+        0..0
+    } else {
+        range.start / TILE..range.end.div_ceil(TILE)
+    };
+    for tile in tiles {
+        let ts = tile * TILE;
+        let te = (ts + TILE).min(range.end);
         let n = te - ts;
-        let (krows, ks) = keys.tile(ts, n, kdim, kvh * hk, hk, &mut kbuf);
+        let kt = keys.key_tile(tile, kdim, kvh * hk, hk, &mut kbuf);
         if n < TILE {
-            // Keys and values past the range's end must not contribute.
-            kt.fill(0.0);
             vt[n * hv..].fill(0.0);
         }
-        for j in 0..n {
-            for (d, &k) in krows[j * ks..j * ks + hk].iter().enumerate() {
-                kt[d * TILE + j] = k;
-            }
-        }
         values.rows_into(ts, n, vdim, kvh * hv, hv, &mut vt);
-        scores_tile(&qs, rows, hk, &kt, &mut s);
+        scores_tile(&qs, rows, hk, kt, &mut s);
         for i in 0..block.n {
             let pos = block.pos0 + i;
             // Tile-local positions this token sees.
-            let (a, b) = (
-                first(pos, shape.window).max(ts) - ts,
-                (pos + 1).min(te).saturating_sub(ts),
-            );
+            let lo = first(pos, shape.window).max(range.start).max(ts);
+            let hi = (pos + 1).min(te);
+            let (a, b) = (lo - ts, hi.saturating_sub(ts));
             for r in i * group..(i + 1) * group {
                 let srow: &mut [f32; TILE] = (&mut s[r * TILE..(r + 1) * TILE])
                     .try_into()
@@ -295,7 +291,6 @@ fn run_task(
             }
         }
         pv_tile(&s, rows, &vt, hv, &mut acc);
-        ts = te;
     }
     Partial { m, l, acc }
 }
@@ -332,9 +327,18 @@ mod tests {
             let cache = &caches[bt.seq];
             let (kdim, vdim) = cache.dims();
             let n = bt.pos + 1;
-            let (mut kb, mut vb) = (Vec::new(), Vec::new());
-            let (keys, ks) = cache.keys(il).tile(0, n, kdim, 0, kdim, &mut kb);
-            let (values, vs) = cache.values(il).tile(0, n, vdim, 0, vdim, &mut vb);
+            // Rows of the cache's (rounded) keys and values, positions 0..n.
+            let (ks, vs) = (kdim, vdim);
+            let mut keys = vec![0f32; n * kdim];
+            let mut kb = Vec::new();
+            for p in 0..n {
+                let kt = cache.keys(il).key_tile(p / TILE, kdim, 0, kdim, &mut kb);
+                for c in 0..kdim {
+                    keys[p * kdim + c] = kt[c * TILE + p % TILE];
+                }
+            }
+            let mut values = vec![0f32; n * vdim];
+            cache.values(il).rows_into(0, n, vdim, 0, vdim, &mut values);
             for head in 0..nh {
                 let kvh = head / group;
                 let mut qv = q[(t * nh + head) * hk..(t * nh + head + 1) * hk].to_vec();
@@ -600,23 +604,15 @@ mod tests {
         let depth = 4096;
         let mut rng = Rng(9);
         let mut cache = KvCache::new(1, nkv * hd, nkv * hd, depth + 512, KvPrecision::F16);
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
         for _ in 0..depth + 512 {
             let k: Vec<f32> = (0..nkv * hd).map(|_| rng.f()).collect();
             let v: Vec<f32> = (0..nkv * hd).map(|_| rng.f()).collect();
             cache.append(0, &k, &v);
+            // The previous attention read f32 rows widened from the f16 cache.
+            keys.extend(k.iter().map(|&x| half::f16::from_f32(x).to_f32()));
+            values.extend(v.iter().map(|&x| half::f16::from_f32(x).to_f32()));
         }
-        let (mut kb, mut vb) = (Vec::new(), Vec::new());
-        let n = depth + 512;
-        let keys = cache
-            .keys(0)
-            .tile(0, n, nkv * hd, 0, nkv * hd, &mut kb)
-            .0
-            .to_vec();
-        let values = cache
-            .values(0)
-            .tile(0, n, nkv * hd, 0, nkv * hd, &mut vb)
-            .0
-            .to_vec();
         let best = |f: &mut dyn FnMut() -> Vec<f32>, reps: usize| {
             (0..reps)
                 .map(|_| {

@@ -4,6 +4,21 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+/// Grows `v` to hold `need` elements: capacity in chunks of CHUNK rows of `dim`, never
+/// past `max_rows` rows (unless `need` itself is more).
+fn reserve_rows<T>(v: &mut Vec<T>, need: usize, dim: usize, max_rows: usize) {
+    if need > v.capacity() {
+        let rows = need.div_ceil(dim.max(1));
+        let target = rows.next_multiple_of(CHUNK).min(max_rows).max(rows) * dim;
+        v.reserve_exact(target - v.len());
+    }
+}
+
+/// Positions per key tile: keys are stored transposed in tiles of this many positions,
+/// the layout attention's score products read (a tile's keys in SIMD lanes), so reading
+/// a tile is one contiguous copy, never a transposition.
+pub(crate) const KEY_TILE: usize = llamay_kernels::attn_tile::TILE;
+
 /// How keys and values are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvPrecision {
@@ -77,26 +92,50 @@ impl Store {
     /// Appends `x` (whole rows of `dim`), reserving whole chunks of positions up to
     /// `max_rows`.
     fn append(&mut self, x: &[f32], dim: usize, max_rows: usize) {
-        fn reserve<T>(v: &mut Vec<T>, extra: usize, dim: usize, max_rows: usize) {
-            let need = v.len() + extra;
-            if need > v.capacity() {
-                let rows = need.div_ceil(dim.max(1));
-                let target = rows.next_multiple_of(CHUNK).min(max_rows).max(rows) * dim;
-                v.reserve_exact(target - v.len());
-            }
-        }
         match self {
             Store::F32(v) => {
-                reserve(v, x.len(), dim, max_rows);
+                reserve_rows(v, v.len() + x.len(), dim, max_rows);
                 v.extend_from_slice(x);
             }
             Store::F16(v) => {
-                reserve(v, x.len(), dim, max_rows);
+                reserve_rows(v, v.len() + x.len(), dim, max_rows);
                 let start = v.len();
                 v.resize(start + x.len(), f16::ZERO);
-                // Round to nearest even, as f16::from_f32 (and F16C's conversion) does.
                 v[start..].convert_from_f32_slice(x);
             }
+        }
+    }
+
+    /// Appends the rows of `x` (`dim` values each) as positions `row0..` of a store laid
+    /// out in key tiles: `[tile][dim][KEY_TILE]`, position p at lane p % KEY_TILE of tile
+    /// p / KEY_TILE. Whole tiles are allocated (zero lanes past the last row).
+    fn append_tiled(&mut self, x: &[f32], dim: usize, row0: usize, max_rows: usize) {
+        let rows = x.len() / dim.max(1);
+        let need = (row0 + rows).div_ceil(KEY_TILE) * KEY_TILE * dim;
+        fn scatter<T: Copy>(
+            v: &mut Vec<T>,
+            x: &[f32],
+            dim: usize,
+            row0: usize,
+            need: usize,
+            max_rows: usize,
+            conv: impl Fn(f32) -> T,
+        ) {
+            reserve_rows(v, need, dim, max_rows.next_multiple_of(KEY_TILE));
+            if v.len() < need {
+                v.resize(need, conv(0.0));
+            }
+            for (r, row) in x.chunks_exact(dim).enumerate() {
+                let p = row0 + r;
+                let base = (p / KEY_TILE) * dim * KEY_TILE + p % KEY_TILE;
+                for (c, &val) in row.iter().enumerate() {
+                    v[base + c * KEY_TILE] = conv(val);
+                }
+            }
+        }
+        match self {
+            Store::F32(v) => scatter(v, x, dim, row0, need, max_rows, |x| x),
+            Store::F16(v) => scatter(v, x, dim, row0, need, max_rows, f16::from_f32),
         }
     }
 
@@ -145,35 +184,29 @@ impl<'a> KvRows<'a> {
         }
     }
 
-    /// Columns `off..off + len` of rows `p0..p0 + n` (rows `stride` apart) as f32:
-    /// borrowed from f32 storage, widened into `buf` from f16. Returns the rows and the
-    /// distance between them (row `j` is `rows[j * step..j * step + len]`).
-    pub(crate) fn tile<'b>(
+    /// Tile `t` of a key store (`[tile][stride][KEY_TILE]`, see `Store::append_tiled`):
+    /// the `len` values from `off` of every position in it, transposed (`len ×
+    /// KEY_TILE`, value d of lane j at `d * KEY_TILE + j`). f32 rows are borrowed, f16
+    /// ones widened into `buf`. Lanes past the store's last row hold zeros or stale keys:
+    /// the caller masks them.
+    pub(crate) fn key_tile<'b>(
         self,
-        p0: usize,
-        n: usize,
+        t: usize,
         stride: usize,
         off: usize,
         len: usize,
         buf: &'b mut Vec<f32>,
-    ) -> (&'b [f32], usize)
+    ) -> &'b [f32]
     where
         'a: 'b,
     {
-        if n == 0 {
-            return (&[], len);
-        }
+        let at = (t * stride + off) * KEY_TILE;
         match self {
-            KvRows::F32(s) => (
-                &s[p0 * stride + off..(p0 + n - 1) * stride + off + len],
-                stride,
-            ),
+            KvRows::F32(s) => &s[at..at + len * KEY_TILE],
             KvRows::F16(s) => {
-                if buf.len() < n * len {
-                    buf.resize(n * len, 0.0);
-                }
-                KvRows::F16(s).rows_into(p0, n, stride, off, len, buf);
-                (&buf[..n * len], len)
+                buf.resize(len * KEY_TILE, 0.0);
+                s[at..at + len * KEY_TILE].convert_to_f32_slice(buf);
+                buf
             }
         }
     }
@@ -233,7 +266,8 @@ impl KvCache {
     /// cache's precision); the caller appends every layer, then calls
     /// [`KvCache::commit`].
     pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        self.k[layer].append(k, self.k_dim, self.capacity);
+        let row0 = self.v[layer].len() / self.v_dim.max(1);
+        self.k[layer].append_tiled(k, self.k_dim, row0, self.capacity);
         self.v[layer].append(v, self.v_dim, self.capacity);
     }
 
@@ -259,7 +293,7 @@ impl KvCache {
     pub fn truncate(&mut self, pos: usize) {
         if pos < self.len {
             for l in &mut self.k {
-                l.truncate(pos * self.k_dim);
+                l.truncate(pos.div_ceil(KEY_TILE) * KEY_TILE * self.k_dim);
             }
             for l in &mut self.v {
                 l.truncate(pos * self.v_dim);
@@ -271,8 +305,8 @@ impl KvCache {
     /// Bytes the stored positions take at the cache's precision (2 per value for f16,
     /// 4 for f32).
     pub fn bytes(&self) -> usize {
-        let elems: usize = self.k.iter().chain(&self.v).map(Store::len).sum();
-        elems * self.precision.elem_bytes()
+        let rows: usize = self.v.iter().map(|v| v.len() / self.v_dim.max(1)).sum();
+        rows * (self.k_dim + self.v_dim) * self.precision.elem_bytes()
     }
 
     /// Bytes allocated, including positions reserved ahead (at most one chunk of
@@ -305,22 +339,27 @@ mod tests {
         assert!(a.bytes_allocated() >= a.bytes());
         // Capacity is reserved in chunks, never past the context size.
         assert!(a.bytes_allocated() <= 2 * CHUNK * (kd + vd) * 2);
+        // Keys come back transposed by tile (lane = position), values as rows.
         let mut buf = Vec::new();
-        let (rows, step) = a.keys(1).tile(1, 2, kd, 2, 3, &mut buf);
-        assert_eq!(step, 3);
-        for j in 0..2 {
+        let kt = a.keys(1).key_tile(0, kd, 2, 3, &mut buf).to_vec();
+        for p in 0..KEY_TILE {
             for c in 0..3 {
-                let want = f16::from_f32(k[(1 + j) * kd + 2 + c]).to_f32();
-                assert_eq!(rows[j * step + c], want);
+                let want = if p < 3 {
+                    f16::from_f32(k[p * kd + 2 + c]).to_f32()
+                } else {
+                    0.0
+                };
+                assert_eq!(kt[c * KEY_TILE + p], want, "position {p}, value {c}");
             }
         }
-        let mut buf2 = Vec::new();
-        let (rows, step) = b.values(0).tile(2, 1, vd, 1, 2, &mut buf2);
-        assert_eq!((step, &rows[..2]), (vd, &v[2 * vd + 1..2 * vd + 3]));
+        let mut row = vec![0f32; 2];
+        b.values(0).rows_into(2, 1, vd, 1, 2, &mut row);
+        assert_eq!(row, &v[2 * vd + 1..2 * vd + 3]);
         a.truncate(1);
         assert_eq!((a.len(), a.bytes()), (1, 2 * (kd + vd) * 2));
         let mut small = KvCache::new(1, 4, 4, 3, KvPrecision::F32);
         small.append(0, &[0.0; 4], &[0.0; 4]);
-        assert_eq!(small.bytes_allocated(), 2 * 3 * 4 * 4);
+        // Values: the 3 rows of the context; keys: one whole tile.
+        assert_eq!(small.bytes_allocated(), (3 + KEY_TILE) * 4 * 4);
     }
 }
