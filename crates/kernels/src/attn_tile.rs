@@ -371,6 +371,38 @@ mod avx512 {
         }
     }
 
+    /// `acc[0..16U] += Σ_j p[j] · v[j][0..16U]` for one row: U accumulators, zero
+    /// weights skipped.
+    ///
+    /// # Safety
+    /// AVX-512F; TILE weights at `p`, TILE rows of `hv` at `v` with 16U columns from it,
+    /// 16U floats at `acc`.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[inline]
+    unsafe fn pv_block<const U: usize>(p: *const f32, v: *const f32, hv: usize, acc: *mut f32) {
+        // SAFETY: the caller's.
+        unsafe {
+            let mut a = [_mm512_setzero_ps(); U];
+            for (u, x) in a.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(acc.add(16 * u));
+            }
+            for j in 0..TILE {
+                let w = *p.add(j);
+                if w == 0.0 {
+                    continue;
+                }
+                let w = _mm512_set1_ps(w);
+                let vr = v.add(j * hv);
+                for (u, x) in a.iter_mut().enumerate() {
+                    *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * u)), *x);
+                }
+            }
+            for (u, x) in a.iter().enumerate() {
+                _mm512_storeu_ps(acc.add(16 * u), *x);
+            }
+        }
+    }
+
     /// # Safety
     /// AVX-512F (+ AVX2, FMA); shapes as `pv_tile` checks.
     #[target_feature(enable = "avx2,fma,avx512f")]
@@ -382,47 +414,14 @@ mod avx512 {
             for r in 0..rows {
                 let a_row = ap.add(r * hv);
                 let mut c0 = 0;
+                // Whole 128- then 64-column blocks (a 64-wide head in one pass): each
+                // weight broadcast once per block.
                 while c0 + 128 <= hv {
-                    let mut a = [_mm512_setzero_ps(); 8];
-                    for (u, x) in a.iter_mut().enumerate() {
-                        *x = _mm512_loadu_ps(a_row.add(c0 + 16 * u));
-                    }
-                    for j in 0..TILE {
-                        let w = *pp.add(r * TILE + j);
-                        if w == 0.0 {
-                            continue;
-                        }
-                        let w = _mm512_set1_ps(w);
-                        let vr = vp.add(j * hv + c0);
-                        for (u, x) in a.iter_mut().enumerate() {
-                            *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * u)), *x);
-                        }
-                    }
-                    for (u, x) in a.iter().enumerate() {
-                        _mm512_storeu_ps(a_row.add(c0 + 16 * u), *x);
-                    }
+                    pv_block::<8>(pp.add(r * TILE), vp.add(c0), hv, a_row.add(c0));
                     c0 += 128;
                 }
-                // 64 columns (a whole head of 64) per pass: each weight broadcast once.
                 while c0 + 64 <= hv {
-                    let mut a = [_mm512_setzero_ps(); 4];
-                    for (u, x) in a.iter_mut().enumerate() {
-                        *x = _mm512_loadu_ps(a_row.add(c0 + 16 * u));
-                    }
-                    for j in 0..TILE {
-                        let w = *pp.add(r * TILE + j);
-                        if w == 0.0 {
-                            continue;
-                        }
-                        let w = _mm512_set1_ps(w);
-                        let vr = vp.add(j * hv + c0);
-                        for (u, x) in a.iter_mut().enumerate() {
-                            *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * u)), *x);
-                        }
-                    }
-                    for (u, x) in a.iter().enumerate() {
-                        _mm512_storeu_ps(a_row.add(c0 + 16 * u), *x);
-                    }
+                    pv_block::<4>(pp.add(r * TILE), vp.add(c0), hv, a_row.add(c0));
                     c0 += 64;
                 }
                 while c0 + 16 <= hv {

@@ -556,6 +556,8 @@ pub(crate) struct Tile {
     pub w: *const u8,
     /// Blocks per row.
     pub nb: usize,
+    /// Where each section (`sections`, in order) starts in the group, in bytes.
+    pub sec: [usize; 6],
     /// The first token's activation row; the next is `a_stride` bytes on.
     pub a: *const u8,
     pub a_stride: usize,
@@ -660,6 +662,7 @@ unsafe fn run_tile(
     let tile_args = Tile {
         w: p.bytes()[g * p.group_bytes..].as_ptr(),
         nb,
+        sec: section_offsets(sections(p.ty).unwrap_or(&[]), nb),
         a: a.data[t * rb..].as_ptr(),
         a_stride: rb,
         dy: prep.dy[t * prep.blocks..].as_ptr(),

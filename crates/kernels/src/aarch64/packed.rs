@@ -195,12 +195,13 @@ fn out_at(p: &Tile, t: usize, h: usize) -> *mut f32 {
 #[inline(always)]
 unsafe fn legacy_quad<const F: u8>(
     w: *const u8,
-    nb: usize,
+    bits_at: usize,
     b: usize,
     k: usize,
     h: usize,
 ) -> uint8x16_t {
-    // SAFETY: block b < nb of the group; sections as `packed::sections`; NEON.
+    // SAFETY: block b of the group; `bits_at` is Q5_0's fifth-bit section
+    // (`packed::sections`); NEON.
     unsafe {
         if F == Q8_0 {
             return load_quarter(w.add(b * 512 + k * 64), h);
@@ -212,19 +213,9 @@ unsafe fn legacy_quad<const F: u8>(
             vshrq_n_u8::<4>(v)
         };
         if F == Q5_0 {
-            return add_fifth_bit(q, w.add(nb * 256 + b * 64 + k * 8), h);
+            return add_fifth_bit(q, w.add(bits_at + b * 64 + k * 8), h);
         }
         q
-    }
-}
-
-/// Where the sixteen f16 scales of block `b` are (as `x86::packed512`).
-#[inline(always)]
-fn legacy_d_offset<const F: u8>(nb: usize, b: usize) -> usize {
-    match F {
-        Q8_0 => nb * 512 + b * 32,
-        Q4_0 => nb * 256 + b * 32,
-        _ => nb * (256 + 64) + b * 32,
     }
 }
 
@@ -242,13 +233,13 @@ unsafe fn legacy<D: Dot4, const T: usize, const F: u8>(p: &Tile, h: usize) {
                 *acc = vdupq_n_s32(*p.aux.add(t * p.prep_stride + b));
             }
             for k in 0..8 {
-                let w = legacy_quad::<F>(p.w, p.nb, b, k, h);
+                let w = legacy_quad::<F>(p.w, p.sec[1], b, k, h);
                 for (t, acc) in iacc.iter_mut().enumerate() {
                     let av = bcast4(p.a.add(t * p.a_stride + b * 34 + 2 + 4 * k));
                     *acc = D::dot4(*acc, w, av);
                 }
             }
-            let d = scales4(p.w.add(legacy_d_offset::<F>(p.nb, b)), h);
+            let d = scales4(p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32), h);
             for (t, acc) in facc.iter_mut().enumerate() {
                 let s = vmulq_f32(d, vdupq_n_f32(*p.dy.add(t * p.prep_stride + b)));
                 *acc = vaddq_f32(*acc, vmulq_f32(s, vcvtq_f32_s32(iacc[t])));
@@ -265,10 +256,12 @@ unsafe fn legacy<D: Dot4, const T: usize, const F: u8>(p: &Tile, h: usize) {
 #[inline(always)]
 unsafe fn k45<D: Dot4, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
     let nb = p.nb;
-    let hi_sec = nb * 2048;
-    let sc_sec = if Q5 { nb * (2048 + 512) } else { nb * 2048 };
-    let (mn_sec, d_sec) = (sc_sec + nb * 128, sc_sec + nb * 256);
-    let dmin_sec = d_sec + nb * 32;
+    // Sections after the nibbles (Q5_K has its fifth bits first).
+    let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = if Q5 {
+        [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
+    } else {
+        [0, p.sec[1], p.sec[2], p.sec[3], p.sec[4]]
+    };
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = vdupq_n_u8(0xF);
@@ -325,7 +318,7 @@ unsafe fn k45<D: Dot4, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
 #[inline(always)]
 unsafe fn q6_k<D: Dot4, const T: usize>(p: &Tile, h: usize) {
     let nb = p.nb;
-    let (hi_sec, sc_sec, d_sec) = (nb * 2048, nb * 3072, nb * (3072 + 256));
+    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = vdupq_n_u8(0xF);

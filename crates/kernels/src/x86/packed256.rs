@@ -199,13 +199,13 @@ fn out_at(p: &Tile, t: usize, h: usize) -> *mut f32 {
 #[inline(always)]
 unsafe fn legacy_quad<const F: u8>(
     w: *const u8,
-    nb: usize,
+    bits_at: usize,
     b: usize,
     k: usize,
     h: usize,
 ) -> __m256i {
-    // SAFETY: block b < nb of the group; sections as `packed::sections`; the set's
-    // features.
+    // SAFETY: block b of the group; `bits_at` is Q5_0's fifth-bit section
+    // (`packed::sections`); the set's features.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
         if F == Q8_0 {
@@ -218,19 +218,9 @@ unsafe fn legacy_quad<const F: u8>(
             _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
         };
         if F == Q5_0 {
-            return add_fifth_bit(q, w.add(nb * 256 + b * 64 + k * 8), h);
+            return add_fifth_bit(q, w.add(bits_at + b * 64 + k * 8), h);
         }
         q
-    }
-}
-
-/// Where the sixteen f16 scales of block `b` are (as `packed512`).
-#[inline]
-fn legacy_d_offset<const F: u8>(nb: usize, b: usize) -> usize {
-    match F {
-        Q8_0 => nb * 512 + b * 32,
-        Q4_0 => nb * 256 + b * 32,
-        _ => nb * (256 + 64) + b * 32,
     }
 }
 
@@ -247,13 +237,13 @@ unsafe fn legacy<D: Dot, const T: usize, const F: u8>(p: &Tile, h: usize) {
                 *acc = _mm256_set1_epi32(*p.aux.add(t * p.prep_stride + b));
             }
             for k in 0..8 {
-                let w = legacy_quad::<F>(p.w, p.nb, b, k, h);
+                let w = legacy_quad::<F>(p.w, p.sec[1], b, k, h);
                 for (t, acc) in iacc.iter_mut().enumerate() {
                     let av = bcast4(p.a.add(t * p.a_stride + b * 34 + 2 + 4 * k));
                     *acc = D::dot4(*acc, w, av);
                 }
             }
-            let d = scales8(p.w.add(legacy_d_offset::<F>(p.nb, b)), h);
+            let d = scales8(p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32), h);
             for (t, acc) in facc.iter_mut().enumerate() {
                 let s = _mm256_mul_ps(d, _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b)));
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(s, _mm256_cvtepi32_ps(iacc[t])));
@@ -269,10 +259,12 @@ unsafe fn legacy<D: Dot, const T: usize, const F: u8>(p: &Tile, h: usize) {
 #[inline(always)]
 unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
     let nb = p.nb;
-    let hi_sec = nb * 2048;
-    let sc_sec = if Q5 { nb * (2048 + 512) } else { nb * 2048 };
-    let (mn_sec, d_sec) = (sc_sec + nb * 128, sc_sec + nb * 256);
-    let dmin_sec = d_sec + nb * 32;
+    // Sections after the nibbles (Q5_K has its fifth bits first).
+    let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = if Q5 {
+        [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
+    } else {
+        [0, p.sec[1], p.sec[2], p.sec[3], p.sec[4]]
+    };
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
@@ -340,7 +332,7 @@ unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
 #[inline(always)]
 unsafe fn q6_k<D: Dot, const T: usize>(p: &Tile, h: usize) {
     let nb = p.nb;
-    let (hi_sec, sc_sec, d_sec) = (nb * 2048, nb * 3072, nb * (3072 + 256));
+    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);

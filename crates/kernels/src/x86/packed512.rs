@@ -92,9 +92,9 @@ unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> __m512i {
 /// The unsigned weights of quad `k` (elements 4k..4k+3 of each row) of block `b`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn legacy_quad<const F: u8>(w: *const u8, nb: usize, b: usize, k: usize) -> __m512i {
+unsafe fn legacy_quad<const F: u8>(w: *const u8, bits_at: usize, b: usize, k: usize) -> __m512i {
     let m4 = _mm512_set1_epi8(0xF);
-    // SAFETY: block b < nb of the group; sections as `packed::sections`.
+    // SAFETY: block b of the group; `bits_at` is Q5_0's fifth-bit section (`packed::sections`).
     unsafe {
         if F == Q8_0 {
             return load512(w.add(b * 512 + k * 64));
@@ -106,20 +106,10 @@ unsafe fn legacy_quad<const F: u8>(w: *const u8, nb: usize, b: usize, k: usize) 
             _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)
         };
         if F == Q5_0 {
-            let bits = (w.add(nb * 256 + b * 64 + k * 8) as *const u64).read_unaligned();
+            let bits = (w.add(bits_at + b * 64 + k * 8) as *const u64).read_unaligned();
             return _mm512_mask_add_epi8(q, bits, q, _mm512_set1_epi8(16));
         }
         q
-    }
-}
-
-/// Where the sixteen f16 scales of block `b` are.
-#[inline]
-fn legacy_d_offset<const F: u8>(nb: usize, b: usize) -> usize {
-    match F {
-        Q8_0 => nb * 512 + b * 32,
-        Q4_0 => nb * 256 + b * 32,
-        _ => nb * (256 + 64) + b * 32,
     }
 }
 
@@ -137,13 +127,13 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
                 *acc = _mm512_set1_epi32(*p.aux.add(t * p.prep_stride + b));
             }
             for k in 0..8 {
-                let w = legacy_quad::<F>(p.w, p.nb, b, k);
+                let w = legacy_quad::<F>(p.w, p.sec[1], b, k);
                 for (t, acc) in iacc.iter_mut().enumerate() {
                     let av = bcast4(p.a.add(t * p.a_stride + b * 34 + 2 + 4 * k));
                     *acc = _mm512_dpbusd_epi32(*acc, w, av);
                 }
             }
-            let d = scales16(p.w.add(legacy_d_offset::<F>(p.nb, b)));
+            let d = scales16(p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32));
             for (t, acc) in facc.iter_mut().enumerate() {
                 let s = _mm512_mul_ps(d, _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b)));
                 *acc = _mm512_add_ps(*acc, _mm512_mul_ps(s, _mm512_cvtepi32_ps(iacc[t])));
@@ -164,10 +154,11 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
     let m4 = _mm512_set1_epi8(0xF);
     let sixteen = _mm512_set1_epi8(16);
     // Sections after the nibbles (Q5_K has its fifth bits first).
-    let hi_sec = nb * 2048;
-    let sc_sec = if Q5 { nb * (2048 + 512) } else { nb * 2048 };
-    let (mn_sec, d_sec) = (sc_sec + nb * 128, sc_sec + nb * 256);
-    let dmin_sec = d_sec + nb * 32;
+    let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = if Q5 {
+        [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
+    } else {
+        [0, p.sec[1], p.sec[2], p.sec[3], p.sec[4]]
+    };
     let mut facc = [_mm512_setzero_ps(); T];
     // SAFETY: as in `legacy`.
     unsafe {
@@ -235,7 +226,7 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
     let nb = p.nb;
     let m4 = _mm512_set1_epi8(0xF);
     let m30 = _mm512_set1_epi8(0x30);
-    let (hi_sec, sc_sec, d_sec) = (nb * 2048, nb * 3072, nb * (3072 + 256));
+    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
     let mut facc = [_mm512_setzero_ps(); T];
     // SAFETY: as in `legacy`.
     unsafe {
