@@ -28,24 +28,15 @@ pub(crate) trait Dot4 {
     unsafe fn dot4(acc: int32x4_t, w: uint8x16_t, a: int8x16_t) -> int32x4_t;
 }
 
-/// `sdot` (ARMv8.2 dotprod): the weights (≤ 63) read as signed bytes.
+/// `sdot` (ARMv8.2 dotprod, the row kernels' `dot::Sdot`, whose lane i is bytes 4i..4i+3
+/// as the instruction defines): the weights (≤ 63) read as signed bytes.
 pub(crate) struct Sdot;
 
 impl Dot4 for Sdot {
     #[inline(always)]
-    unsafe fn dot4(mut acc: int32x4_t, w: uint8x16_t, a: int8x16_t) -> int32x4_t {
-        // SAFETY: registers only; the caller guarantees `dotprod`.
-        unsafe {
-            asm!(
-                ".arch_extension dotprod",
-                "sdot {acc:v}.4s, {w:v}.16b, {a:v}.16b",
-                acc = inout(vreg) acc,
-                w = in(vreg) w,
-                a = in(vreg) a,
-                options(pure, nomem, nostack, preserves_flags),
-            );
-        }
-        acc
+    unsafe fn dot4(acc: int32x4_t, w: uint8x16_t, a: int8x16_t) -> int32x4_t {
+        // SAFETY: the caller guarantees `dotprod`; registers only.
+        unsafe { <super::dot::Sdot as super::dot::I8Dot>::dot(acc, vreinterpretq_s8_u8(w), a) }
     }
 }
 
