@@ -5,7 +5,7 @@ use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
 use crate::attention::{self, Shape};
 use crate::kv::KvCache;
 use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm};
-use crate::rope;
+use crate::rope::{self, RopeParams};
 use crate::tensor::matmul;
 use crate::weights::{Linear, Norm};
 use crate::{DecodeError, Model};
@@ -153,6 +153,24 @@ impl Model<'_> {
 
         let (qd, kd, vd) = (cfg.q_dim(), cfg.k_dim(), cfg.v_dim());
         let hk = cfg.head_dim_k;
+        // Every token's rope angles, once per layer kind (the same in every layer).
+        let angles_of = |rope: &RopeParams| -> Vec<(f32, f32)> {
+            if arch.rope == RopeStyle::None {
+                return Vec::new();
+            }
+            let half = cfg.n_rot / 2;
+            let (mut all, mut one) = (Vec::with_capacity(n * half), Vec::with_capacity(half));
+            for bt in batch {
+                let factors = (self.weights.rope_factors)
+                    .for_context(caches[bt.seq].capacity(), cfg.n_ctx_orig);
+                rope.angles(bt.pos, factors, &mut one);
+                all.extend_from_slice(&one);
+            }
+            all
+        };
+        let angles_full = angles_of(&cfg.rope);
+        let own_swa = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
+        let angles_swa = own_swa.then(|| angles_of(&cfg.rope_swa));
         for (il, layer) in self.weights.layers.iter().enumerate() {
             let mut h = x.clone();
             apply_norm(
@@ -174,18 +192,13 @@ impl Model<'_> {
                 rms_rows(&mut k, w, cfg.norm_eps, hk, threads);
             }
             let swa = cfg.swa_layers[il];
-            let rope = if swa { &cfg.rope_swa } else { &cfg.rope };
             if arch.rope != RopeStyle::None {
-                // Each token's angles, then the rotation of its q and k heads by task.
+                // Rotate each token's q and k heads, a task per run of tokens.
                 let half = cfg.n_rot / 2;
-                let mut angles = Vec::with_capacity(n * half);
-                let mut one = Vec::with_capacity(half);
-                for bt in batch {
-                    let factors = (self.weights.rope_factors)
-                        .for_context(caches[bt.seq].capacity(), cfg.n_ctx_orig);
-                    rope.angles(bt.pos, factors, &mut one);
-                    angles.extend_from_slice(&one);
-                }
+                let angles = match (&angles_swa, swa) {
+                    (Some(a), true) => a,
+                    _ => &angles_full,
+                };
                 for (buf, dim) in [(&mut q, qd), (&mut k, kd)] {
                     threads.for_each_chunk_mut(buf, dim * ROWS_PER_TASK, |i, rows| {
                         for (j, row) in rows.chunks_mut(dim).enumerate() {
