@@ -192,6 +192,12 @@ impl Tokenizer {
         self.add_space_prefix
     }
     /// Read and reported; llama.cpp applies it only to T5-style (UGM) vocabularies.
+    /// Spaces travel as U+2581 inside the model (SPM, and BPE vocabularies that
+    /// escape whitespace): a U+2581 in the input is then indistinguishable from a
+    /// space and decodes as one, in llama.cpp as here.
+    pub fn escapes_whitespace(&self) -> bool {
+        self.kind == Kind::Spm || (self.kind == Kind::Bpe && self.escape_whitespaces)
+    }
     pub fn remove_extra_whitespaces(&self) -> bool {
         self.remove_extra_whitespaces
     }

@@ -186,7 +186,10 @@ proptest! {
             let t = cached(&tree, v);
             let ids = t.encode(s.as_bytes(), false, false);
             let back = String::from_utf8_lossy(&pieces(t, &ids)).into_owned();
-            prop_assert_eq!(back, s.clone(), "{}", v);
+            // llama.cpp's tokenize of "a\u{2581}b" equals that of "a b" for these
+            // vocabularies (checked with llama-tokenize, llama-spm and gemma-4).
+            let expected = if t.escapes_whitespace() { s.replace('\u{2581}', " ") } else { s.clone() };
+            prop_assert_eq!(back, expected, "{}", v);
         }
     }
 }
