@@ -69,29 +69,79 @@ fn packed_matmul_equals_portable() {
             assert_eq!((p.rows(), p.cols(), p.ty()), (rows, cols, ty));
             for &n in &[1usize, 2, 3, 7, 8, 9, 17, 70] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
-                let a = quantize_rows(ty.vec_dot_type(), &x, cols, &pool);
-                let mut want = vec![0f32; n * rows];
-                matmul_with(
-                    KernelSet::Portable,
-                    ty,
-                    &w,
-                    rows,
-                    cols,
-                    &a,
-                    &mut want,
-                    &pool,
-                );
-                let mut got = vec![f32::NAN; n * rows];
-                matmul_packed(&p, &a, &mut got, &pool);
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        g.to_bits(),
-                        e.to_bits(),
-                        "{set:?} {ty} rows {rows} cols {cols} n {n}: token {} row {}: packed {g} vs portable {e}",
-                        i / rows,
-                        i % rows
-                    );
+                assert_packed_equals_portable(set, &p, &w, &x, n, &pool);
+            }
+        }
+    }
+}
+
+/// Quantises `x` (n rows) and asserts the packed product equals the portable one, bit
+/// for bit.
+fn assert_packed_equals_portable(
+    set: KernelSet,
+    p: &PackedMatrix,
+    w: &[u8],
+    x: &[f32],
+    n: usize,
+    pool: &ThreadPool,
+) {
+    let (ty, rows, cols) = (p.ty(), p.rows(), p.cols());
+    let a = quantize_rows(ty.vec_dot_type(), x, cols, pool);
+    let mut want = vec![0f32; n * rows];
+    matmul_with(KernelSet::Portable, ty, w, rows, cols, &a, &mut want, pool);
+    let mut got = vec![f32::NAN; n * rows];
+    matmul_packed(p, &a, &mut got, pool);
+    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            e.to_bits(),
+            "{set:?} {ty} rows {rows} cols {cols} n {n}: token {} row {}: packed {g} vs portable {e}",
+            i / rows,
+            i % rows
+        );
+    }
+}
+
+/// The integer sums at their bounds: every quant and scale byte at an extreme (all bits
+/// set, none, or the sign bit), activations of one sign and full scale. The AVX-512
+/// K-quant kernels sum scale products in f32 on the argument that these stay exact
+/// below 2²⁴; this is where that argument would break.
+#[test]
+fn packed_matmul_equals_portable_at_extremes() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(0x5EED);
+    let (rows, nblocks) = (32, 2);
+    for (set, &ty) in packed_sets()
+        .into_iter()
+        .flat_map(|s| PACKED.iter().map(move |t| (s, t)))
+    {
+        let cols = nblocks * ty.block_size() as usize;
+        for fill in [0xFFu8, 0x00, 0x80, 0x7F] {
+            let mut w = random_weights(ty, rows, cols, &mut rng);
+            let ts = ty.type_size() as usize;
+            let scales: &[usize] = match ty {
+                Q4_K | Q5_K => &[0, 1, 2, 3],
+                Q6_K => &[208, 209],
+                _ => &[0, 1],
+            };
+            for blk in w.chunks_exact_mut(ts) {
+                for (i, b) in blk.iter_mut().enumerate() {
+                    if !scales.contains(&i) {
+                        *b = fill;
+                    }
                 }
+            }
+            let Some(p) = pack_with(set, ty, &w, rows, cols, &pool) else {
+                continue;
+            };
+            for sign in [1.0f32, -1.0] {
+                let n = 9;
+                let x: Vec<f32> = (0..n * cols)
+                    // Full scale, one smaller value per 32 so that the sums are odd
+                    // (even ones would survive a rounding to 2 ulp unchanged).
+                    .map(|i| sign * if i % 32 == 5 { 0.9 } else { 1.0 })
+                    .collect();
+                assert_packed_equals_portable(set, &p, &w, &x, n, &pool);
             }
         }
     }
