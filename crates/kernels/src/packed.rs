@@ -487,17 +487,8 @@ pub(crate) struct ActPrep {
     pub aux: Vec<i32>,
     /// Entries of `aux` per block.
     pub aux_per_block: usize,
-    /// K formats, for kernels that sum sub-blocks in f32 (exactly, see
-    /// `x86::packed512`): per block the eight 32-element sums as f32 (Q4_K, Q5_K), or
-    /// the sixteen `FLOAT_BIAS + 32 · bsum` (Q6_K). Empty for the legacy formats.
-    pub fsum: Vec<f32>,
     pub blocks: usize,
 }
-
-/// 1.5 · 2²³: an i32 `x` with |x| < 2²² added to this value's bit pattern reads as the
-/// f32 `FLOAT_BIAS + x`, exactly; subtracting `FLOAT_BIAS` then gives `x` as f32 without
-/// a conversion instruction (kernels start their integer sums at these bits).
-pub(crate) const FLOAT_BIAS: f32 = 12_582_912.0;
 
 /// Q8_K block: f32 d, 256 × i8, 16 × i16 bsums.
 const Q8K_BYTES: usize = 292;
@@ -526,7 +517,6 @@ fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
                 dy,
                 aux,
                 aux_per_block: 1,
-                fsum: Vec::new(),
                 blocks: nb,
             }
         }
@@ -535,7 +525,6 @@ fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
             let per = if ty == GgmlType::Q6_K { 16 } else { 4 };
             let mut dy = Vec::with_capacity(a.n * nb);
             let mut aux = Vec::with_capacity(a.n * nb * per);
-            let mut fsum = Vec::with_capacity(a.n * nb * if per == 16 { 16 } else { 8 });
             for t in 0..a.n {
                 let row = &a.data[t * rb..(t + 1) * rb];
                 for blk in row.chunks_exact(Q8K_BYTES).take(nb) {
@@ -544,10 +533,7 @@ fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
                         |j: usize| i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as i32;
                     if ty == GgmlType::Q6_K {
                         aux.extend((0..16).map(|s| -32 * bsum(s)));
-                        // |32 · bsum| ≤ 2¹⁶: the sum is exact in f32.
-                        fsum.extend((0..16).map(|s| FLOAT_BIAS + (32 * bsum(s)) as f32));
                     } else {
-                        fsum.extend((0..8).map(|j| (bsum(2 * j) + bsum(2 * j + 1)) as f32));
                         // Sub-block sums (32 values) as i16 pairs (2p, 2p+1) for vpdpwssd.
                         let sub = |j: usize| (bsum(2 * j) + bsum(2 * j + 1)) as i16 as u16 as u32;
                         aux.extend((0..4).map(|p| (sub(2 * p) | (sub(2 * p + 1) << 16)) as i32));
@@ -558,7 +544,6 @@ fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
                 dy,
                 aux,
                 aux_per_block: per,
-                fsum,
                 blocks: nb,
             }
         }
@@ -579,8 +564,6 @@ pub(crate) struct Tile {
     /// The first token's block scales and aux values; per token `prep_stride` blocks.
     pub dy: *const f32,
     pub aux: *const i32,
-    /// The first token's `ActPrep::fsum` entries (per token `prep_stride` blocks).
-    pub fsum: *const f32,
     pub prep_stride: usize,
     /// Row 0 of the group for the first token; the next token is `out_stride` on.
     pub out: *mut f32,
@@ -684,7 +667,6 @@ unsafe fn run_tile(
         a_stride: rb,
         dy: prep.dy[t * prep.blocks..].as_ptr(),
         aux: prep.aux[t * prep.blocks * prep.aux_per_block..].as_ptr(),
-        fsum: prep.fsum[(t * prep.fsum.len()).checked_div(a.n).unwrap_or(0)..].as_ptr(),
         prep_stride: prep.blocks,
         out: out.wrapping_add(t * p.rows + g * GROUP_ROWS),
         out_stride: p.rows,

@@ -9,7 +9,7 @@
 //! Every function here may only be called when `dispatch::hardware()` found avx2, fma,
 //! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
 
-use crate::packed::{FLOAT_BIAS, Tile};
+use crate::packed::Tile;
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
@@ -145,37 +145,24 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
     }
 }
 
-/// `x` (|x| < 2²² in every lane) as f32, exactly, on the vector ALU ports: the bias
-/// trick of `packed::FLOAT_BIAS` (a conversion instruction would take the port that
-/// `vpdpbusd` needs).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-fn small_to_f32(x: __m512i) -> __m512 {
-    let bias = _mm512_set1_ps(FLOAT_BIAS);
-    let biased = _mm512_add_epi32(x, _mm512_castps_si512(bias));
-    _mm512_sub_ps(_mm512_castsi512_ps(biased), bias)
-}
-
 /// Q4_K (and Q5_K with `Q5`: a fifth bit per weight) against Q8_K:
 /// `acc = (acc + (d·dy)·Σ_j sc_j Σ q a) − (dmin·dy)·Σ_j m_j bsum_j`, as
 /// `portable::dot_q4_k` / `dot_q5_k` and `kq_acc`, bit for bit.
 ///
 /// The sub-block products `sc_j · Σ q a` are summed in f32, not with `vpmulld` (two
-/// uops on the port every `vpdpbusd` needs; a quarter of the loop). That is exact: the
-/// integer sums start at `FLOAT_BIAS`'s bits, so they read as f32 without a conversion;
-/// each product is an integer below 2²² (Q4_K: 63 · 32 · 15 · 128) and four of them sum
-/// below 2²⁴, so Q4_K keeps two exact halves whose one f32 addition rounds as the
-/// portable `sumi as f32` does. Q5_K's products reach 2²³, so pairs of them are turned
-/// back into integers (exact) and summed as such. Q4_K's high nibbles are used as
-/// `16 q` (masked, not shifted: shifts share that port too), their scale divided by 16.
-/// The running sums live in the output rows (registers hold the halves).
+/// uops where `vpdpbusd` needs one: with the other steps, a quarter of the loop). That
+/// is exact: each integer sum converts exactly (below 2²⁴), each product is an integer
+/// below 2²² (Q4_K: 63 · 32 · 15 · 128) and four of them sum below 2²⁴, so Q4_K keeps
+/// two exact halves whose one f32 addition rounds as the portable `sumi as f32` does.
+/// Q5_K's products reach 2²³, so pairs of them are turned back into integers (exact)
+/// and summed as such. Q4_K's high nibbles are used as `16 q` (masked, not shifted),
+/// their scale divided by 16 (exact). The running sums live in the output rows
+/// (registers hold the halves).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
     let nb = p.nb;
     let m4 = _mm512_set1_epi8(0xF);
     let sixteen = _mm512_set1_epi8(16);
-    let bias = _mm512_set1_ps(FLOAT_BIAS);
-    let bias_bits = _mm512_castps_si512(bias);
     // Sections after the nibbles (Q5_K has its fifth bits first).
     let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = if Q5 {
         [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
@@ -193,7 +180,7 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
             let mut part = [_mm512_setzero_ps(); T];
             for j in 0..8 {
                 let scaled_high = !Q5 && j % 2 == 1;
-                let mut iacc = [bias_bits; T];
+                let mut iacc = [_mm512_setzero_si512(); T];
                 for kk in 0..8 {
                     let v = load512(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64));
                     let mut w = if j % 2 == 0 {
@@ -213,13 +200,13 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
                         *acc = _mm512_dpbusd_epi32(*acc, w, av);
                     }
                 }
-                let mut sc = small_to_f32(bytes16::<false>(p.w.add(sc_sec + b * 128 + j * 16)));
+                let mut sc =
+                    _mm512_cvtepi32_ps(bytes16::<false>(p.w.add(sc_sec + b * 128 + j * 16)));
                 if scaled_high {
                     sc = _mm512_mul_ps(sc, _mm512_set1_ps(1.0 / 16.0));
                 }
                 for (acc, pt) in iacc.iter().zip(part.iter_mut()) {
-                    let x = _mm512_sub_ps(_mm512_castsi512_ps(*acc), bias);
-                    *pt = _mm512_fmadd_ps(sc, x, *pt);
+                    *pt = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(*acc), *pt);
                 }
                 if !Q5 && j == 3 {
                     kept = part;
@@ -233,9 +220,13 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
                     }
                 }
             }
-            let mins: [__m512; 8] = core::array::from_fn(|j| {
-                small_to_f32(bytes16::<false>(p.w.add(mn_sec + b * 128 + j * 16)))
-            });
+            // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
+            let mut mpair = [_mm512_setzero_si512(); 4];
+            for (q, mp) in mpair.iter_mut().enumerate() {
+                let m0 = bytes16::<false>(p.w.add(mn_sec + b * 128 + (2 * q) * 16));
+                let m1 = bytes16::<false>(p.w.add(mn_sec + b * 128 + (2 * q + 1) * 16));
+                *mp = _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
+            }
             let d = scales16(p.w.add(d_sec + b * 32));
             let dmin = scales16(p.w.add(dmin_sec + b * 32));
             for t in 0..T {
@@ -244,12 +235,12 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
                 } else {
                     _mm512_add_ps(kept[t], part[t])
                 };
-                // Σ_j m_j · bsum_j: integers below 2²¹, exact in any order.
-                let fsum = p.fsum.add((t * p.prep_stride + b) * 8);
-                let mut summs = _mm512_setzero_ps();
-                for (j, m) in mins.iter().enumerate() {
-                    summs = _mm512_fmadd_ps(*m, _mm512_set1_ps(*fsum.add(j)), summs);
+                let aux = p.aux.add((t * p.prep_stride + b) * 4);
+                let mut summs = _mm512_setzero_si512();
+                for (q, mp) in mpair.iter().enumerate() {
+                    summs = _mm512_dpwssd_epi32(summs, *mp, _mm512_set1_epi32(*aux.add(q)));
                 }
+                let summs = _mm512_cvtepi32_ps(summs);
                 let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
                 let out = p.out.add(t * p.out_stride);
                 let x = _mm512_add_ps(
@@ -265,15 +256,13 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
 
 /// Q6_K against Q8_K: `acc += (d·dy)·Σ_s sc_s Σ (q − 32) a`, as `portable::dot_q6_k`,
 /// bit for bit. As in `k45`, the scale products are formed in f32 (exact integers up
-/// to 2²³; the `−32 · bsum` offset and the bias leave in one exact subtraction, from
-/// `ActPrep::fsum`), a pair of them summed in f32 (at most 2²⁴, exact) and the pairs
-/// summed as integers; the running sums live in the output rows.
+/// to 2²³), a pair of them summed in f32 (at most 2²⁴, exact) and the pairs summed as
+/// integers; the running sums live in the output rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_k<const T: usize>(p: &Tile) {
     let nb = p.nb;
     let m4 = _mm512_set1_epi8(0xF);
     let m30 = _mm512_set1_epi8(0x30);
-    let bias_bits = _mm512_castps_si512(_mm512_set1_ps(FLOAT_BIAS));
     let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
     // SAFETY: as in `legacy`; `fsum` holds 16 entries per block (ActPrep).
     unsafe {
@@ -284,7 +273,10 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
             let mut sumi = [_mm512_setzero_si512(); T];
             let mut part = [_mm512_setzero_ps(); T];
             for s in 0..16 {
-                let mut iacc = [bias_bits; T];
+                let mut iacc = [_mm512_setzero_si512(); T];
+                for (t, acc) in iacc.iter_mut().enumerate() {
+                    *acc = _mm512_set1_epi32(*p.aux.add((t * p.prep_stride + b) * 16 + s));
+                }
                 for qq in 0..4 {
                     let q = 4 * s + qq;
                     let lo = load512(p.w.add(b * 2048 + (q % 32) * 64));
@@ -306,11 +298,9 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
                         *acc = _mm512_dpbusd_epi32(*acc, w, av);
                     }
                 }
-                let sc = small_to_f32(bytes16::<true>(p.w.add(sc_sec + b * 256 + s * 16)));
-                for (t, (acc, pt)) in iacc.iter().zip(part.iter_mut()).enumerate() {
-                    let off = _mm512_set1_ps(*p.fsum.add((t * p.prep_stride + b) * 16 + s));
-                    let x = _mm512_sub_ps(_mm512_castsi512_ps(*acc), off);
-                    *pt = _mm512_fmadd_ps(sc, x, *pt);
+                let sc = _mm512_cvtepi32_ps(bytes16::<true>(p.w.add(sc_sec + b * 256 + s * 16)));
+                for (acc, pt) in iacc.iter().zip(part.iter_mut()) {
+                    *pt = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(*acc), *pt);
                 }
                 if s % 2 == 1 {
                     for (sm, pt) in sumi.iter_mut().zip(part.iter_mut()) {
