@@ -6,10 +6,10 @@ use crate::attention::{self, Shape};
 use crate::kv::KvCache;
 use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm};
 use crate::rope::{self, RopeParams};
-use crate::tensor::matmul;
+use crate::tensor::matmul_quantized;
 use crate::weights::{Linear, Norm};
 use crate::{DecodeError, Model};
-use llamay_kernels::ThreadPool;
+use llamay_kernels::{QuantizedRows, ThreadPool};
 
 /// One token of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,11 +74,73 @@ fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize, pool: &ThreadPool) 
     });
 }
 
-/// `y = W x + b` for `n` rows of input.
-fn linear(l: &Linear<'_>, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<f32> {
-    let mut out = matmul(&l.w, l.packed.as_ref(), x, n, pool);
-    add_bias(&mut out, l.b.as_ref(), l.w.rows);
-    out
+/// `outs[i] = W_i x + b_i` for projections that read the same input `x`: it is
+/// quantised once per dot type (into `act`), not once per projection.
+fn linears(
+    ls: &[&Linear<'_>],
+    x: &[f32],
+    act: &mut QuantizedRows,
+    outs: &mut [&mut Vec<f32>],
+    pool: &ThreadPool,
+) {
+    debug_assert_eq!(ls.len(), outs.len());
+    let mut quantised = None;
+    for (l, out) in ls.iter().zip(outs.iter_mut()) {
+        let ty = l.w.ty.vec_dot_type();
+        if quantised != Some(ty) {
+            llamay_kernels::quantize_rows_into(ty, x, l.w.cols, pool, act);
+            quantised = Some(ty);
+        }
+        matmul_quantized(&l.w, l.packed.as_ref(), act, out, pool);
+        add_bias(out, l.b.as_ref(), l.w.rows);
+    }
+}
+
+/// `out = W x + b`.
+fn linear(
+    l: &Linear<'_>,
+    x: &[f32],
+    act: &mut QuantizedRows,
+    out: &mut Vec<f32>,
+    pool: &ThreadPool,
+) {
+    linears(&[l], x, act, &mut [out], pool);
+}
+
+/// `x += y`, in pieces over the pool.
+fn add_into(x: &mut [f32], y: &[f32], pool: &ThreadPool) {
+    const CHUNK: usize = 16 * 1024;
+    pool.for_each_chunk_mut(x, CHUNK, |i, xs| {
+        xs.iter_mut()
+            .zip(&y[i * CHUNK..])
+            .for_each(|(a, b)| *a += b);
+    });
+}
+
+/// Buffers one `decode` call reuses from layer to layer: each grows on first use and is
+/// then overwritten in place (the kernels write every value), so the layers after the
+/// first neither allocate nor zero them.
+#[derive(Default)]
+struct Scratch {
+    /// The normalised input of attention (and of a shared-norm parallel FFN).
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+    /// The normalised input of a sequential FFN.
+    h2: Vec<f32>,
+    ffn: FfnScratch,
+    /// The quantised input of the projections at hand.
+    act: QuantizedRows,
+}
+
+#[derive(Default)]
+struct FfnScratch {
+    up: Vec<f32>,
+    gate: Vec<f32>,
+    /// The FFN's output.
+    down: Vec<f32>,
 }
 
 impl Model<'_> {
@@ -171,10 +233,12 @@ impl Model<'_> {
         let angles_full = angles_of(&cfg.rope);
         let own_swa = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
         let angles_swa = own_swa.then(|| angles_of(&cfg.rope_swa));
+        let mut s = Scratch::default();
         for (il, layer) in self.weights.layers.iter().enumerate() {
-            let mut h = x.clone();
+            s.h.clear();
+            s.h.extend_from_slice(&x);
             apply_norm(
-                &mut h,
+                &mut s.h,
                 &layer.attn_norm,
                 arch.norm,
                 cfg.norm_eps,
@@ -182,14 +246,18 @@ impl Model<'_> {
                 threads,
             );
 
-            let mut q = linear(&layer.q, &h, n, threads);
-            let mut k = linear(&layer.k, &h, n, threads);
-            let v = linear(&layer.v, &h, n, threads);
+            linears(
+                &[&layer.q, &layer.k, &layer.v],
+                &s.h,
+                &mut s.act,
+                &mut [&mut s.q, &mut s.k, &mut s.v],
+                threads,
+            );
             if let Some(w) = &layer.q_norm {
-                rms_rows(&mut q, w, cfg.norm_eps, hk, threads);
+                rms_rows(&mut s.q, w, cfg.norm_eps, hk, threads);
             }
             if let Some(w) = &layer.k_norm {
-                rms_rows(&mut k, w, cfg.norm_eps, hk, threads);
+                rms_rows(&mut s.k, w, cfg.norm_eps, hk, threads);
             }
             let swa = cfg.swa_layers[il];
             if arch.rope != RopeStyle::None {
@@ -199,7 +267,7 @@ impl Model<'_> {
                     (Some(a), true) => a,
                     _ => &angles_full,
                 };
-                for (buf, dim) in [(&mut q, qd), (&mut k, kd)] {
+                for (buf, dim) in [(&mut s.q, qd), (&mut s.k, kd)] {
                     threads.for_each_chunk_mut(buf, dim * ROWS_PER_TASK, |i, rows| {
                         for (j, row) in rows.chunks_mut(dim).enumerate() {
                             let t = i * ROWS_PER_TASK + j;
@@ -211,38 +279,47 @@ impl Model<'_> {
                 }
             }
             for (t, bt) in batch.iter().enumerate() {
-                caches[bt.seq].append(il, &k[t * kd..(t + 1) * kd], &v[t * vd..(t + 1) * vd]);
+                let (k, v) = (&s.k[t * kd..(t + 1) * kd], &s.v[t * vd..(t + 1) * vd]);
+                caches[bt.seq].append(il, k, v);
             }
 
-            let attn = self.attention(caches, batch, il, &q, swa);
-            let mut o = linear(&layer.attn_out, &attn, n, threads);
+            let attn = self.attention(caches, batch, il, &s.q, swa);
+            linear(&layer.attn_out, &attn, &mut s.act, &mut s.o, threads);
             if let Some(w) = &layer.post_attn_norm {
-                rms_rows(&mut o, w, cfg.norm_eps, e, threads);
+                rms_rows(&mut s.o, w, cfg.norm_eps, e, threads);
             }
 
             match arch.residual {
                 Residual::Sequential => {
-                    x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-                    let mut h2 = x.clone();
+                    add_into(&mut x, &s.o, threads);
+                    s.h2.clear();
+                    s.h2.extend_from_slice(&x);
                     if let Some(norm) = &layer.ffn_norm {
-                        apply_norm(&mut h2, norm, arch.norm, cfg.norm_eps, e, threads);
+                        apply_norm(&mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
                     }
-                    let f = self.ffn(layer, &h2, n);
-                    x.iter_mut().zip(&f).for_each(|(a, b)| *a += b);
+                    self.ffn(layer, &s.h2, &mut s.ffn, &mut s.act);
+                    add_into(&mut x, &s.ffn.down, threads);
                 }
                 Residual::Parallel { shared_norm } => {
-                    let f = if shared_norm {
-                        self.ffn(layer, &h, n)
+                    if shared_norm {
+                        self.ffn(layer, &s.h, &mut s.ffn, &mut s.act);
                     } else {
-                        let mut h2 = x.clone();
+                        s.h2.clear();
+                        s.h2.extend_from_slice(&x);
                         if let Some(norm) = &layer.ffn_norm {
-                            apply_norm(&mut h2, norm, arch.norm, cfg.norm_eps, e, threads);
+                            apply_norm(&mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
                         }
-                        self.ffn(layer, &h2, n)
-                    };
-                    for ((a, b), c) in x.iter_mut().zip(&o).zip(&f) {
-                        *a += b + c;
+                        self.ffn(layer, &s.h2, &mut s.ffn, &mut s.act);
                     }
+                    // x + (attn + ffn), llama.cpp's order.
+                    const CHUNK: usize = 16 * 1024;
+                    let (o, f) = (&s.o, &s.ffn.down);
+                    threads.for_each_chunk_mut(&mut x, CHUNK, |i, xs| {
+                        let (o, f) = (&o[i * CHUNK..], &f[i * CHUNK..]);
+                        for ((a, b), c) in xs.iter_mut().zip(o).zip(f) {
+                            *a += b + c;
+                        }
+                    });
                 }
             }
         }
@@ -269,7 +346,8 @@ impl Model<'_> {
             e,
             threads,
         );
-        let mut values = linear(&self.weights.output, &h, index.len(), threads);
+        let mut values = Vec::new();
+        linear(&self.weights.output, &h, &mut s.act, &mut values, threads);
         if let Some(c) = cfg.final_softcap {
             values.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
         }
@@ -280,39 +358,51 @@ impl Model<'_> {
         })
     }
 
-    fn ffn(&self, layer: &crate::weights::Layer<'_>, h: &[f32], n: usize) -> Vec<f32> {
+    /// The FFN of `h` into `f.down`.
+    fn ffn(
+        &self,
+        layer: &crate::weights::Layer<'_>,
+        h: &[f32],
+        f: &mut FfnScratch,
+        act: &mut QuantizedRows,
+    ) {
         let threads = &self.pool;
-        let mut up = linear(&layer.ffn_up, h, n, threads);
         match self.config.arch.ffn {
             FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu => {
                 if let Some(gate) = &layer.ffn_gate {
-                    let g = linear(gate, h, n, threads);
+                    let outs: &mut [&mut Vec<f32>] = &mut [&mut f.up, &mut f.gate];
+                    linears(&[&layer.ffn_up, gate], h, act, outs, threads);
+                    let (up, g) = (&mut f.up, &f.gate);
                     if self.config.arch.ffn == FfnKind::GeGlu {
                         // up *= gelu(g), a piece per task (GELU works in place).
                         const CHUNK: usize = 16 * 1024;
-                        threads.for_each_chunk_mut(&mut up, CHUNK, |i, u| {
+                        threads.for_each_chunk_mut(up, CHUNK, |i, u| {
                             let mut gi = g[i * CHUNK..][..u.len()].to_vec();
                             gelu_slice(&mut gi);
                             u.iter_mut().zip(&gi).for_each(|(u, g)| *u *= g);
                         });
                     } else {
-                        llamay_kernels::swiglu(&mut up, &g, threads);
+                        llamay_kernels::swiglu(up, g, threads);
                     }
+                } else {
+                    linear(&layer.ffn_up, h, act, &mut f.up, threads);
                 }
             }
-            FfnKind::Gelu => threads.for_each_chunk_mut(&mut up, 16 * 1024, |_, u| gelu_slice(u)),
+            FfnKind::Gelu => {
+                linear(&layer.ffn_up, h, act, &mut f.up, threads);
+                threads.for_each_chunk_mut(&mut f.up, 16 * 1024, |_, u| gelu_slice(u));
+            }
         }
-        let mut down = linear(&layer.ffn_down, &up, n, threads);
+        linear(&layer.ffn_down, &f.up, act, &mut f.down, threads);
         if let Some(w) = &layer.post_ffn_norm {
             rms_rows(
-                &mut down,
+                &mut f.down,
                 w,
                 self.config.norm_eps,
                 self.config.n_embd,
                 threads,
             );
         }
-        down
     }
 
     /// Causal attention of every batch token over its sequence's cache (see

@@ -8,7 +8,7 @@
 use crate::LoadError;
 use llamay_formats::{GgmlType, dequantize};
 use llamay_gguf::TensorInfo;
-use llamay_kernels::{PackedMatrix, ThreadPool};
+use llamay_kernels::{PackedMatrix, QuantizedRows, ThreadPool};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -102,24 +102,24 @@ pub fn parallel_ranges<T: Send>(
         .collect()
 }
 
-/// `y = W x` for `n` rows of `x` (`n × W.cols`): the activation is quantised once to the
-/// weight's dot type (as llama.cpp's CPU backend does), then the kernels' matmul runs.
-/// Returns `n × W.rows` values.
-/// With `packed` (the same matrix, repacked at load) the packed kernels compute it.
-pub fn matmul(
+/// `out = W a`: `a` is the activation quantised to `W`'s dot type, once per input (as
+/// llama.cpp's CPU backend does; projections that share an input share it), then the
+/// kernels' matmul runs. With `packed` (the same matrix, repacked at load) the packed
+/// kernels compute it. `out` gets `a.n × W.rows` values; it is resized, not cleared:
+/// the kernels write every value, so a buffer reused from layer to layer is neither
+/// reallocated nor zeroed.
+pub fn matmul_quantized(
     w: &Matrix<'_>,
     packed: Option<&PackedMatrix>,
-    x: &[f32],
-    n: usize,
+    a: &QuantizedRows,
+    out: &mut Vec<f32>,
     pool: &ThreadPool,
-) -> Vec<f32> {
-    let a = llamay_kernels::quantize_rows(w.ty.vec_dot_type(), x, w.cols, pool);
-    let mut out = vec![0f32; n * w.rows];
+) {
+    out.resize(a.n * w.rows, 0.0);
     match packed {
-        Some(p) => llamay_kernels::matmul_packed(p, &a, &mut out, pool),
-        None => llamay_kernels::matmul(w.ty, w.data, w.rows, w.cols, &a, &mut out, pool),
+        Some(p) => llamay_kernels::matmul_packed(p, a, out, pool),
+        None => llamay_kernels::matmul(w.ty, w.data, w.rows, w.cols, a, out, pool),
     }
-    out
 }
 
 /// A 1-D weight (norm scale, bias), dequantised to f32 at load: small and read often.

@@ -136,6 +136,18 @@ pub struct QuantizedRows {
     pub data: Vec<u8>,
 }
 
+impl Default for QuantizedRows {
+    /// No rows (a buffer for `quantize_rows_into`).
+    fn default() -> Self {
+        QuantizedRows {
+            ty: GgmlType::F32,
+            cols: 0,
+            n: 0,
+            data: Vec::new(),
+        }
+    }
+}
+
 impl QuantizedRows {
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
@@ -222,18 +234,31 @@ const PAR_QUANT_MIN: usize = 1 << 15;
 /// that is not a whole number of blocks, or a partial last row gives an empty result
 /// (`n == 0`) — the caller guarantees the shape (debug builds assert it).
 pub fn quantize_rows(ty: GgmlType, x: &[f32], cols: usize, pool: &ThreadPool) -> QuantizedRows {
-    let empty = QuantizedRows {
-        ty,
-        cols,
-        n: 0,
-        data: Vec::new(),
-    };
+    let mut out = QuantizedRows::default();
+    quantize_rows_into(ty, x, cols, pool, &mut out);
+    out
+}
+
+/// `quantize_rows` into `out`, reusing its buffer: a caller that quantises one layer's
+/// activations after another allocates (and zeroes) once. Every byte of the `n` rows is
+/// written; `out.data` keeps its capacity.
+pub fn quantize_rows_into(
+    ty: GgmlType,
+    x: &[f32],
+    cols: usize,
+    pool: &ThreadPool,
+    out: &mut QuantizedRows,
+) {
+    out.ty = ty;
+    out.cols = cols;
+    out.n = 0;
     let (Some(f), Some(rb)) = (quant_fn(ty), row_bytes(ty, cols)) else {
         debug_assert!(
             false,
             "quantize_rows: {ty} is not a vec_dot type or {cols} is not whole blocks"
         );
-        return empty;
+        out.data.clear();
+        return;
     };
     if cols == 0 || !x.len().is_multiple_of(cols) {
         debug_assert!(
@@ -241,24 +266,27 @@ pub fn quantize_rows(ty: GgmlType, x: &[f32], cols: usize, pool: &ThreadPool) ->
             "quantize_rows: {} values are not rows of {cols}",
             x.len()
         );
-        return empty;
+        out.data.clear();
+        return;
     }
     let n = x.len() / cols;
-    let mut data = vec![0u8; n * rb];
+    // Grows (zeroing only the growth) or truncates; the rows are then overwritten.
+    out.data.resize(n * rb, 0);
+    let data = &mut out.data;
     if n == 1 || x.len() < PAR_QUANT_MIN || pool.n_threads() == 1 {
         for (xr, o) in x.chunks_exact(cols).zip(data.chunks_exact_mut(rb)) {
             f(xr, o);
         }
     } else {
-        let out = SyncPtr(data.as_mut_ptr());
+        let optr = SyncPtr(data.as_mut_ptr());
         pool.run(n, |t| {
             // SAFETY: task t writes only row t (bytes t*rb..(t+1)*rb of `data`, which has
             // n*rb bytes and outlives the region); rows are disjoint.
-            let o = unsafe { std::slice::from_raw_parts_mut(out.get().add(t * rb), rb) };
+            let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add(t * rb), rb) };
             f(&x[t * cols..(t + 1) * cols], o);
         });
     }
-    QuantizedRows { ty, cols, n, data }
+    out.n = n;
 }
 
 /// The dot product of one weight row (`cols` values in `wty`) with one activation row

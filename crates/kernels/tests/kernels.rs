@@ -196,6 +196,14 @@ proptest! {
                 _ => llamay_formats::quantize(ty, &x).unwrap(),
             };
             prop_assert_eq!(&q.data, &want, "{}", ty);
+            // Into a reused buffer holding other bytes (longer, then shorter): the same.
+            let mut reused = QuantizedRows { ty: F32, cols: 1, n: 0, data: vec![0xA5; n * cols * 4 + 7] };
+            quantize_rows_into(ty, &x, cols, &pool, &mut reused);
+            prop_assert_eq!((reused.ty, reused.cols, reused.n), (ty, cols, n));
+            prop_assert_eq!(&reused.data, &want, "{} reused", ty);
+            reused.data.iter_mut().for_each(|b| *b = !*b);
+            quantize_rows_into(ty, &x, cols, &pool, &mut reused);
+            prop_assert_eq!(&reused.data, &want, "{} reused twice", ty);
         }
     }
 }
