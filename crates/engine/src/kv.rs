@@ -178,8 +178,7 @@ impl<'a> KvRows<'a> {
             let at = (p0 + j) * stride + off;
             match self {
                 KvRows::F32(s) => d.copy_from_slice(&s[at..at + len]),
-                // F16C when the CPU has it (half detects it at run time).
-                KvRows::F16(s) => s[at..at + len].convert_to_f32_slice(d),
+                KvRows::F16(s) => llamay_kernels::widen_f16(&s[at..at + len], d),
             }
         }
     }
@@ -205,7 +204,7 @@ impl<'a> KvRows<'a> {
             KvRows::F32(s) => &s[at..at + len * KEY_TILE],
             KvRows::F16(s) => {
                 buf.resize(len * KEY_TILE, 0.0);
-                s[at..at + len * KEY_TILE].convert_to_f32_slice(buf);
+                llamay_kernels::widen_f16(&s[at..at + len * KEY_TILE], buf);
                 buf
             }
         }

@@ -371,34 +371,46 @@ mod avx512 {
         }
     }
 
-    /// `acc[0..16U] += Σ_j p[j] · v[j][0..16U]` for one row: U accumulators, zero
-    /// weights skipped.
+    /// `acc_i[0..16U] += Σ_j p_i[j] · v[j][0..16U]` for R rows (`p_i = p + i·TILE`,
+    /// `acc_i = acc + i·hv`): R·U accumulators, so the FMA chains are many enough to
+    /// hide the latency (one row of a 64-wide head has only four); a weight that is zero
+    /// in every row is skipped.
     ///
     /// # Safety
-    /// AVX-512F; TILE weights at `p`, TILE rows of `hv` at `v` with 16U columns from it,
-    /// 16U floats at `acc`.
+    /// AVX-512F; R rows of TILE weights at `p`, TILE rows of `hv` at `v` with 16U
+    /// columns from it, R rows of 16U floats at `acc` (stride `hv`).
     #[target_feature(enable = "avx2,fma,avx512f")]
     #[inline]
-    unsafe fn pv_block<const U: usize>(p: *const f32, v: *const f32, hv: usize, acc: *mut f32) {
+    unsafe fn pv_block<const R: usize, const U: usize>(
+        p: *const f32,
+        v: *const f32,
+        hv: usize,
+        acc: *mut f32,
+    ) {
         // SAFETY: the caller's.
         unsafe {
-            let mut a = [_mm512_setzero_ps(); U];
-            for (u, x) in a.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(acc.add(16 * u));
+            let mut a = [[_mm512_setzero_ps(); U]; R];
+            for (i, row) in a.iter_mut().enumerate() {
+                for (u, x) in row.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(acc.add(i * hv + 16 * u));
+                }
             }
             for j in 0..TILE {
-                let w = *p.add(j);
-                if w == 0.0 {
+                if (0..R).all(|i| *p.add(i * TILE + j) == 0.0) {
                     continue;
                 }
-                let w = _mm512_set1_ps(w);
                 let vr = v.add(j * hv);
-                for (u, x) in a.iter_mut().enumerate() {
-                    *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * u)), *x);
+                for (i, row) in a.iter_mut().enumerate() {
+                    let w = _mm512_set1_ps(*p.add(i * TILE + j));
+                    for (u, x) in row.iter_mut().enumerate() {
+                        *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * u)), *x);
+                    }
                 }
             }
-            for (u, x) in a.iter().enumerate() {
-                _mm512_storeu_ps(acc.add(16 * u), *x);
+            for (i, row) in a.iter().enumerate() {
+                for (u, x) in row.iter().enumerate() {
+                    _mm512_storeu_ps(acc.add(i * hv + 16 * u), *x);
+                }
             }
         }
     }
@@ -411,17 +423,24 @@ mod avx512 {
         // SAFETY: r < rows, j < TILE, c + 16 <= hv (scalar tail below): inside the
         // checked lengths.
         unsafe {
-            for r in 0..rows {
+            // 64-wide heads: two rows per pass (eight accumulators).
+            let mut r0 = 0;
+            if hv == 64 {
+                while r0 + 2 <= rows {
+                    pv_block::<2, 4>(pp.add(r0 * TILE), vp, hv, ap.add(r0 * hv));
+                    r0 += 2;
+                }
+            }
+            for r in r0..rows {
                 let a_row = ap.add(r * hv);
                 let mut c0 = 0;
-                // Whole 128- then 64-column blocks (a 64-wide head in one pass): each
-                // weight broadcast once per block.
+                // Whole 128- then 64-column blocks: each weight broadcast once per block.
                 while c0 + 128 <= hv {
-                    pv_block::<8>(pp.add(r * TILE), vp.add(c0), hv, a_row.add(c0));
+                    pv_block::<1, 8>(pp.add(r * TILE), vp.add(c0), hv, a_row.add(c0));
                     c0 += 128;
                 }
                 while c0 + 64 <= hv {
-                    pv_block::<4>(pp.add(r * TILE), vp.add(c0), hv, a_row.add(c0));
+                    pv_block::<1, 4>(pp.add(r * TILE), vp.add(c0), hv, a_row.add(c0));
                     c0 += 64;
                 }
                 while c0 + 16 <= hv {
@@ -451,7 +470,13 @@ mod tests {
             s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
         };
-        for (rows, hk, hv) in [(1, 64, 64), (5, 256, 256), (9, 80, 72), (3, 7, 13)] {
+        for (rows, hk, hv) in [
+            (1, 64, 64),
+            (5, 64, 64),
+            (5, 256, 256),
+            (9, 80, 72),
+            (3, 7, 13),
+        ] {
             let q: Vec<f32> = (0..rows * hk).map(|_| next()).collect();
             let kt: Vec<f32> = (0..hk * TILE).map(|_| next()).collect();
             let (mut s1, mut s2) = (vec![0f32; rows * TILE], vec![0f32; rows * TILE]);
@@ -463,7 +488,16 @@ mod tests {
                     "scores {rows}x{hk}: {a} vs {b}"
                 );
             }
-            let p: Vec<f32> = (0..rows * TILE).map(|_| next()).collect();
+            // Masked positions (zero weights), in some rows only and in all rows.
+            let p: Vec<f32> = (0..rows * TILE)
+                .map(|i| {
+                    if i % 5 == 0 || i % TILE == 3 {
+                        0.0
+                    } else {
+                        next()
+                    }
+                })
+                .collect();
             let v: Vec<f32> = (0..TILE * hv).map(|_| next()).collect();
             let init: Vec<f32> = (0..rows * hv).map(|_| next()).collect();
             let (mut a1, mut a2) = (init.clone(), init);

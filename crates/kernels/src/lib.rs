@@ -29,7 +29,7 @@ pub use packed::{
     packable_with,
 };
 pub use pool::ThreadPool;
-pub use vecf32::{axpy_f32, dot_f32, silu, swiglu};
+pub use vecf32::{axpy_f32, dot_f32, silu, swiglu, widen_f16};
 
 pub(crate) type DotFn = fn(&[u8], &[u8], usize) -> f32;
 

@@ -63,6 +63,28 @@ pub(crate) mod avx2 {
         _mm256_andnot_ps(under, _mm256_mul_ps(y, pow2))
     }
 
+    /// `dst[i] = src[i]` widened from f16 (exact), 8 at a time.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C (the AVX2 set's features).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let (ps, pd) = (src.as_ptr() as *const u16, dst.as_mut_ptr());
+        let mut i = 0;
+        // SAFETY: 8 values at i..i+8 <= n of both slices.
+        unsafe {
+            while i + 8 <= n {
+                let h = _mm_loadu_si128(ps.add(i) as *const __m128i);
+                _mm256_storeu_ps(pd.add(i), _mm256_cvtph_ps(h));
+                i += 8;
+            }
+        }
+        for (d, s) in dst[i..n].iter_mut().zip(&src[i..n]) {
+            *d = s.to_f32();
+        }
+    }
+
     /// `up[i] *= silu(gate[i])` over the shorter length, exp by [`exp8`].
     ///
     /// # Safety
@@ -177,6 +199,19 @@ pub fn silu(x: f32) -> f32 {
 /// Elements per task of [`swiglu`].
 const SWIGLU_CHUNK: usize = 16 * 1024;
 
+/// `dst[i] = src[i]` as f32 (exact) over the shorter length: the f16 KV cache's tiles,
+/// widened inline (F16C) rather than through a call per eight values.
+pub fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::dispatch::avx2_active() {
+        // SAFETY: the AVX2 set (and any wider x86 set) implies AVX2, FMA and F16C.
+        return unsafe { avx2::widen_f16(src, dst) };
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+}
+
 /// `up[i] *= silu(gate[i])` (SwiGLU's gate), over the pool. The SIMD exp is within a few
 /// ulp of libm's, as llama.cpp's own vectorised SiLU is.
 pub fn swiglu(up: &mut [f32], gate: &[f32], pool: &crate::ThreadPool) {
@@ -195,6 +230,24 @@ pub fn swiglu(up: &mut [f32], gate: &[f32], pool: &crate::ThreadPool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn widen_f16_is_exact() {
+        let bits: Vec<u16> = (0..=u16::MAX).step_by(7).collect();
+        for n in [0usize, 1, 7, 8, 9, 100, bits.len()] {
+            let src: Vec<half::f16> = bits[..n].iter().map(|&b| half::f16::from_bits(b)).collect();
+            let mut dst = vec![0f32; n + 3];
+            widen_f16(&src, &mut dst);
+            for (d, s) in dst.iter().zip(&src) {
+                let want = s.to_f32();
+                assert!(
+                    d.to_bits() == want.to_bits() || (d.is_nan() && want.is_nan()),
+                    "{s}"
+                );
+            }
+            assert!(dst[n..].iter().all(|&v| v == 0.0));
+        }
+    }
 
     #[test]
     fn simd_matches_portable_within_rounding() {
