@@ -161,15 +161,8 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
     let nb = p.nb;
-    let m4 = _mm512_set1_epi8(0xF);
-    let sixteen = _mm512_set1_epi8(16);
-    // Sections after the nibbles (Q5_K has its fifth bits first).
-    let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = if Q5 {
-        [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
-    } else {
-        [0, p.sec[1], p.sec[2], p.sec[3], p.sec[4]]
-    };
-    // SAFETY: as in `legacy`; `fsum` holds 8 entries per block (ActPrep).
+    let [_, _, mn_sec, d_sec, dmin_sec] = k45_sections::<Q5>(p);
+    // SAFETY: as in `legacy`.
     unsafe {
         for t in 0..T {
             _mm512_storeu_ps(p.out.add(t * p.out_stride), _mm512_setzero_ps());
@@ -178,46 +171,19 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
             // Q4_K: the first half's f32 sum; Q5_K: the integer sum of the pairs so far.
             let mut kept = [_mm512_setzero_ps(); T];
             let mut part = [_mm512_setzero_ps(); T];
-            for j in 0..8 {
-                let scaled_high = !Q5 && j % 2 == 1;
-                let mut iacc = [_mm512_setzero_si512(); T];
-                for kk in 0..8 {
-                    let v = load512(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64));
-                    let mut w = if j % 2 == 0 {
-                        _mm512_and_si512(v, m4)
-                    } else if scaled_high {
-                        _mm512_andnot_si512(m4, v)
-                    } else {
-                        _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)
-                    };
-                    if Q5 {
-                        let at = hi_sec + b * 512 + (8 * j + kk) * 8;
-                        let bits = (p.w.add(at) as *const u64).read_unaligned();
-                        w = _mm512_mask_add_epi8(w, bits, w, sixteen);
-                    }
-                    for (t, acc) in iacc.iter_mut().enumerate() {
-                        let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 32 * j + 4 * kk));
-                        *acc = _mm512_dpbusd_epi32(*acc, w, av);
-                    }
-                }
-                let mut sc =
-                    _mm512_cvtepi32_ps(bytes16::<false>(p.w.add(sc_sec + b * 128 + j * 16)));
-                if scaled_high {
-                    sc = _mm512_mul_ps(sc, _mm512_set1_ps(1.0 / 16.0));
-                }
-                for (acc, pt) in iacc.iter().zip(part.iter_mut()) {
-                    *pt = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(*acc), *pt);
-                }
-                if !Q5 && j == 3 {
-                    kept = part;
-                    part = [_mm512_setzero_ps(); T];
-                } else if Q5 && j % 2 == 1 {
+            for c in 0..4 {
+                k45_sub::<T, Q5, false>(p, b, 2 * c, &mut part);
+                k45_sub::<T, Q5, true>(p, b, 2 * c + 1, &mut part);
+                if Q5 {
                     for (k, pt) in kept.iter_mut().zip(part.iter_mut()) {
                         let sum =
                             _mm512_add_epi32(_mm512_castps_si512(*k), _mm512_cvtps_epi32(*pt));
                         *k = _mm512_castsi512_ps(sum);
                         *pt = _mm512_setzero_ps();
                     }
+                } else if c == 1 {
+                    kept = part;
+                    part = [_mm512_setzero_ps(); T];
                 }
             }
             // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
@@ -238,7 +204,7 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
                 let aux = p.aux.add((t * p.prep_stride + b) * 4);
                 let mut summs = _mm512_setzero_si512();
                 for (q, mp) in mpair.iter().enumerate() {
-                    summs = _mm512_dpwssd_epi32(summs, *mp, _mm512_set1_epi32(*aux.add(q)));
+                    summs = dpwssd(summs, *mp, _mm512_set1_epi32(*aux.add(q)));
                 }
                 let summs = _mm512_cvtepi32_ps(summs);
                 let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
@@ -254,25 +220,134 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
     }
 }
 
+/// Q4_K/Q5_K sections after the nibbles: fifth bits (Q5_K only), scales, mins, d, dmin.
+#[inline(always)]
+fn k45_sections<const Q5: bool>(p: &Tile) -> [usize; 5] {
+    if Q5 {
+        [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
+    } else {
+        [0, p.sec[1], p.sec[2], p.sec[3], p.sec[4]]
+    }
+}
+
+/// Sub-block `j` of block `b` (`ODD` = `j` is odd: the high nibbles) of `k45`: its
+/// integer sums per token, times its scale, added to `part` in f32. With the nibble
+/// fixed at compile time the loop carries no branches.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn k45_sub<const T: usize, const Q5: bool, const ODD: bool>(
+    p: &Tile,
+    b: usize,
+    j: usize,
+    part: &mut [__m512; T],
+) {
+    let m4 = _mm512_set1_epi8(0xF);
+    let [hi_sec, sc_sec, ..] = k45_sections::<Q5>(p);
+    // Q4_K's high nibbles are used as 16 q (masked, not shifted), their scale / 16.
+    let scaled_high = !Q5 && ODD;
+    // SAFETY: as in `k45`.
+    unsafe {
+        let mut iacc = [_mm512_setzero_si512(); T];
+        for kk in 0..8 {
+            let v = load512(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64));
+            let mut w = if !ODD {
+                _mm512_and_si512(v, m4)
+            } else if scaled_high {
+                _mm512_andnot_si512(m4, v)
+            } else {
+                _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)
+            };
+            if Q5 {
+                let at = hi_sec + b * 512 + (8 * j + kk) * 8;
+                let bits = (p.w.add(at) as *const u64).read_unaligned();
+                w = _mm512_mask_add_epi8(w, bits, w, _mm512_set1_epi8(16));
+            }
+            for (t, acc) in iacc.iter_mut().enumerate() {
+                let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 32 * j + 4 * kk));
+                *acc = _mm512_dpbusd_epi32(*acc, w, av);
+            }
+        }
+        let mut sc = _mm512_cvtepi32_ps(bytes16::<false>(p.w.add(sc_sec + b * 128 + j * 16)));
+        if scaled_high {
+            sc = _mm512_mul_ps(sc, _mm512_set1_ps(1.0 / 16.0));
+        }
+        for (acc, pt) in iacc.iter().zip(part.iter_mut()) {
+            *pt = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(*acc), *pt);
+        }
+    }
+}
+
+/// `acc + a·b` over i16 pairs (`vpdpwssd`), written as the instruction: LLVM otherwise
+/// splits the intrinsic into `vpmaddwd` + `vpaddd` for generic x86-64 tuning, two uops on
+/// the ports the dot products need.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: AVX-512 VNNI is enabled for this function; registers only.
+    unsafe {
+        core::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack),
+        );
+    }
+    acc
+}
+
 /// Q6_K against Q8_K: `acc += (d·dy)·Σ_s sc_s Σ (q − 32) a`, as `portable::dot_q6_k`,
 /// bit for bit. As in `k45`, the scale products are formed in f32 (exact integers up
 /// to 2²³), a pair of them summed in f32 (at most 2²⁴, exact) and the pairs summed as
 /// integers; the running sums live in the output rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_k<const T: usize>(p: &Tile) {
-    let nb = p.nb;
-    let m4 = _mm512_set1_epi8(0xF);
-    let m30 = _mm512_set1_epi8(0x30);
-    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
-    // SAFETY: as in `legacy`; `fsum` holds 16 entries per block (ActPrep).
+    let d_sec = p.sec[3];
+    // SAFETY: as in `legacy`.
     unsafe {
         for t in 0..T {
             _mm512_storeu_ps(p.out.add(t * p.out_stride), _mm512_setzero_ps());
         }
-        for b in 0..nb {
+        for b in 0..p.nb {
             let mut sumi = [_mm512_setzero_si512(); T];
+            q6_k_quarter::<T, 0>(p, b, &mut sumi);
+            q6_k_quarter::<T, 1>(p, b, &mut sumi);
+            q6_k_quarter::<T, 2>(p, b, &mut sumi);
+            q6_k_quarter::<T, 3>(p, b, &mut sumi);
+            let d = scales16(p.w.add(d_sec + b * 32));
+            for (t, sm) in sumi.iter().enumerate() {
+                let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
+                let out = p.out.add(t * p.out_stride);
+                let acc = _mm512_add_ps(
+                    _mm512_loadu_ps(out),
+                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(*sm)),
+                );
+                _mm512_storeu_ps(out, acc);
+            }
+        }
+    }
+}
+
+/// Sub-blocks `4M..4M+4` of block `b` (quads `16M..16M+16`) into `sumi`. With `M`
+/// known at compile time, which nibble and which two high bits a quad takes are fixed:
+/// the loop carries no branches.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q6_k_quarter<const T: usize, const M: usize>(
+    p: &Tile,
+    b: usize,
+    sumi: &mut [__m512i; T],
+) {
+    let m4 = _mm512_set1_epi8(0xF);
+    let m30 = _mm512_set1_epi8(0x30);
+    let [_, hi_sec, sc_sec, ..] = p.sec;
+    // SAFETY: as in `q6_k`.
+    unsafe {
+        for pair in 0..2 {
             let mut part = [_mm512_setzero_ps(); T];
-            for s in 0..16 {
+            for half in 0..2 {
+                let s = 4 * M + 2 * pair + half;
                 let mut iacc = [_mm512_setzero_si512(); T];
                 for (t, acc) in iacc.iter_mut().enumerate() {
                     *acc = _mm512_set1_epi32(*p.aux.add((t * p.prep_stride + b) * 16 + s));
@@ -280,11 +355,11 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
                 for qq in 0..4 {
                     let q = 4 * s + qq;
                     let lo = load512(p.w.add(b * 2048 + (q % 32) * 64));
-                    let lo = if q < 32 { lo } else { _mm512_srli_epi16(lo, 4) };
-                    // Quad q's two high bits sit at bits 2(s/4)..+1 of each byte: move
-                    // them to bits 4..5 (16-bit shifts: what crosses a byte is masked).
+                    let lo = if M < 2 { lo } else { _mm512_srli_epi16(lo, 4) };
+                    // Quad q's two high bits sit at bits 2M..2M+1 of each byte: move them
+                    // to bits 4..5 (16-bit shifts: what crosses a byte is masked).
                     let hi = load512(p.w.add(hi_sec + b * 1024 + (q % 16) * 64));
-                    let hi = match s / 4 {
+                    let hi = match M {
                         0 => _mm512_slli_epi16(hi, 4),
                         1 => _mm512_slli_epi16(hi, 2),
                         2 => hi,
@@ -302,22 +377,9 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
                 for (acc, pt) in iacc.iter().zip(part.iter_mut()) {
                     *pt = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(*acc), *pt);
                 }
-                if s % 2 == 1 {
-                    for (sm, pt) in sumi.iter_mut().zip(part.iter_mut()) {
-                        *sm = _mm512_add_epi32(*sm, _mm512_cvtps_epi32(*pt));
-                        *pt = _mm512_setzero_ps();
-                    }
-                }
             }
-            let d = scales16(p.w.add(d_sec + b * 32));
-            for (t, sm) in sumi.iter().enumerate() {
-                let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                let out = p.out.add(t * p.out_stride);
-                let acc = _mm512_add_ps(
-                    _mm512_loadu_ps(out),
-                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(*sm)),
-                );
-                _mm512_storeu_ps(out, acc);
+            for (sm, pt) in sumi.iter_mut().zip(&part) {
+                *sm = _mm512_add_epi32(*sm, _mm512_cvtps_epi32(*pt));
             }
         }
     }
