@@ -398,3 +398,20 @@ fn q8_k_keeps_the_first_value_of_largest_magnitude_and_halves_round_to_even() {
     let q = quantize_rows(Q8_0, &x[..32], 32, &pool);
     assert_eq!(q.data, x86_q8(Q8_0, &x[..32]));
 }
+
+/// Q8_K keeps the sign of the *first* value of largest magnitude (ggml's scalar loop):
+/// with +m and −m both present, whichever comes first sets the scale's sign.
+#[test]
+fn q8_k_scale_takes_the_first_largest_magnitude() {
+    let pool = ThreadPool::new(1);
+    for (first, second) in [(5usize, 200usize), (200, 5), (0, 255), (255, 0), (9, 10)] {
+        for sign in [1.0f32, -1.0] {
+            let mut x: Vec<f32> = (0..256).map(|i| ((i * 37) % 19) as f32 / 10.0 - 0.9).collect();
+            x[first] = 3.0 * sign;
+            x[second] = -3.0 * sign;
+            let q = quantize_rows(Q8_K, &x, 256, &pool);
+            let want = llamay_formats::quantize(Q8_K, &x).unwrap();
+            assert_eq!(q.data, want, "first {first} sign {sign}");
+        }
+    }
+}

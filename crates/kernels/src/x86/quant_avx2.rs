@@ -87,8 +87,19 @@ pub(crate) unsafe fn q8_k(x: &[f32], out: &mut [u8]) {
                 b.fill(0);
                 continue;
             }
-            // The scalar version keeps the first value of largest magnitude, sign included.
-            let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+            // The scalar version keeps the first value of largest magnitude, sign included:
+            // the first lane whose magnitude equals it, eight at a time.
+            let target = _mm256_set1_ps(amax);
+            let mut max = amax;
+            for i in 0..32 {
+                let v = _mm256_loadu_ps(p.add(8 * i));
+                let hit = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), target, _CMP_EQ_OQ);
+                let bits = _mm256_movemask_ps(hit);
+                if bits != 0 {
+                    max = x[8 * i + bits.trailing_zeros() as usize];
+                    break;
+                }
+            }
             let iscale = -127.0 / max;
             let s = _mm256_set1_ps(iscale);
             for c in 0..8 {
