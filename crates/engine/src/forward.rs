@@ -121,7 +121,7 @@ fn add_into(x: &mut [f32], y: &[f32], pool: &ThreadPool) {
 /// then overwritten in place (the kernels write every value), so the layers after the
 /// first neither allocate nor zero them.
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
     /// The normalised input of attention (and of a shared-norm parallel FFN).
     h: Vec<f32>,
     q: Vec<f32>,
@@ -233,7 +233,12 @@ impl Model<'_> {
         let angles_full = angles_of(&cfg.rope);
         let own_swa = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
         let angles_swa = own_swa.then(|| angles_of(&cfg.rope_swa));
-        let mut s = Scratch::default();
+        let mut own = None;
+        let mut held = self.scratch.try_lock();
+        let s: &mut Scratch = match held.as_deref_mut() {
+            Ok(s) => s,
+            Err(_) => own.insert(Scratch::default()),
+        };
         for (il, layer) in self.weights.layers.iter().enumerate() {
             s.h.clear();
             s.h.extend_from_slice(&x);

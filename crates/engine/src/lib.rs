@@ -89,6 +89,9 @@ pub struct Model<'a> {
     threads: Threads,
     /// The compute threads (persistent; the caller participates).
     pool: llamay_kernels::ThreadPool,
+    /// Buffers kept from one `decode` to the next, so a batch like the last one finds
+    /// its pages already there (a concurrent call that finds them taken uses its own).
+    scratch: std::sync::Mutex<forward::Scratch>,
 }
 
 fn works() -> String {
@@ -141,6 +144,7 @@ impl<'a> Model<'a> {
             weights,
             threads,
             pool,
+            scratch: Default::default(),
         })
     }
 

@@ -406,7 +406,9 @@ fn q8_k_scale_takes_the_first_largest_magnitude() {
     let pool = ThreadPool::new(1);
     for (first, second) in [(5usize, 200usize), (200, 5), (0, 255), (255, 0), (9, 10)] {
         for sign in [1.0f32, -1.0] {
-            let mut x: Vec<f32> = (0..256).map(|i| ((i * 37) % 19) as f32 / 10.0 - 0.9).collect();
+            let mut x: Vec<f32> = (0..256)
+                .map(|i| ((i * 37) % 19) as f32 / 10.0 - 0.9)
+                .collect();
             x[first] = 3.0 * sign;
             x[second] = -3.0 * sign;
             let q = quantize_rows(Q8_K, &x, 256, &pool);
