@@ -183,45 +183,62 @@ pub(crate) fn attention_with(
         let _ = slots[i].set(p);
     });
 
-    let mut out = vec![0f32; batch.len() * nh * hv];
     let parts: Vec<Partial> = slots
         .into_iter()
         .map(|s| s.into_inner().expect("every attention task ran"))
         .collect();
-    let mut w = vec![0f32; n_split];
+    // Each token's block, for the merge below.
+    let mut block_of = vec![0usize; batch.len()];
     for (b, block) in blocks.iter().enumerate() {
-        for kvh in 0..nkv {
-            // Task indices of this (block, kv head), one per split.
-            let i0 = (blocks.len() - 1 - b) * per_block + kvh * n_split;
-            let ps = &parts[i0..i0 + n_split];
-            for r in 0..block.n * group {
-                let (i, g) = (r / group, r % group);
-                let t = block.t0 + i;
-                let head = kvh * group + g;
-                let o = &mut out[(t * nh + head) * hv..(t * nh + head + 1) * hv];
-                let m = ps.iter().map(|p| p.m[r]).fold(f32::NEG_INFINITY, f32::max);
-                let mut l = 0f32;
-                for (w, p) in w.iter_mut().zip(ps) {
-                    *w = if p.m[r] == f32::NEG_INFINITY {
-                        0.0
-                    } else {
-                        (p.m[r] - m).exp()
-                    };
-                    l += p.l[r] * *w;
-                }
-                if l == 0.0 {
-                    continue;
-                }
-                let inv = 1.0 / l;
-                for (w, p) in w.iter().zip(ps) {
-                    if *w != 0.0 {
-                        axpy_f32(o, *w * inv, &p.acc[r * hv..(r + 1) * hv]);
-                    }
+        block_of[block.t0..block.t0 + block.n].fill(b);
+    }
+    // Merge every token's partials into its output row, tokens in parallel.
+    const TOKENS_PER_TASK: usize = 8;
+    let mut out = vec![0f32; batch.len() * nh * hv];
+    pool.for_each_chunk_mut(&mut out, TOKENS_PER_TASK * nh * hv, |c, rows| {
+        let mut w = vec![0f32; n_split];
+        for (j, row) in rows.chunks_exact_mut(nh * hv).enumerate() {
+            let t = c * TOKENS_PER_TASK + j;
+            let b = block_of[t];
+            let i = t - blocks[b].t0;
+            for kvh in 0..nkv {
+                // Task indices of this (block, kv head), one per split.
+                let i0 = (blocks.len() - 1 - b) * per_block + kvh * n_split;
+                let ps = &parts[i0..i0 + n_split];
+                for g in 0..group {
+                    let r = i * group + g;
+                    let head = kvh * group + g;
+                    let o = &mut row[head * hv..(head + 1) * hv];
+                    merge_row(ps, r, hv, &mut w, o);
                 }
             }
         }
-    }
+    });
     out
+}
+
+/// Output row `o` (zero on entry) of query row `r` from its partials, one per split:
+/// rescaled to the common maximum and normalised by the total sum.
+fn merge_row(ps: &[Partial], r: usize, hv: usize, w: &mut [f32], o: &mut [f32]) {
+    let m = ps.iter().map(|p| p.m[r]).fold(f32::NEG_INFINITY, f32::max);
+    let mut l = 0f32;
+    for (w, p) in w.iter_mut().zip(ps) {
+        *w = if p.m[r] == f32::NEG_INFINITY {
+            0.0
+        } else {
+            (p.m[r] - m).exp()
+        };
+        l += p.l[r] * *w;
+    }
+    if l == 0.0 {
+        return;
+    }
+    let inv = 1.0 / l;
+    for (w, p) in w.iter().zip(ps) {
+        if *w != 0.0 {
+            axpy_f32(o, *w * inv, &p.acc[r * hv..(r + 1) * hv]);
+        }
+    }
 }
 
 /// One task: the query rows of `block` whose heads share KV head `kvh`, over KV
