@@ -58,13 +58,38 @@ fn apply_norm(
     pool: &ThreadPool,
 ) {
     pool.for_each_chunk_mut(x, cols * ROWS_PER_TASK, |_, rows| {
-        for row in rows.chunks_mut(cols) {
-            match kind {
-                NormKind::Rms => rms_norm(row, &norm.weight, eps),
-                NormKind::Layer => layer_norm(row, &norm.weight, norm.bias.as_deref(), eps),
-            }
+        rows.chunks_mut(cols)
+            .for_each(|row| norm_row(row, norm, kind, eps));
+    });
+}
+
+/// `out = norm(x)` row by row (a copy where there is no norm), rows spread over the
+/// pool: the copy happens in the same pass, not on the calling thread before it.
+fn norm_into(
+    x: &[f32],
+    out: &mut Vec<f32>,
+    norm: Option<&Norm>,
+    kind: NormKind,
+    eps: f32,
+    cols: usize,
+    pool: &ThreadPool,
+) {
+    out.resize(x.len(), 0.0);
+    let chunk = cols * ROWS_PER_TASK;
+    pool.for_each_chunk_mut(out, chunk, |i, rows| {
+        rows.copy_from_slice(&x[i * chunk..][..rows.len()]);
+        if let Some(norm) = norm {
+            rows.chunks_mut(cols)
+                .for_each(|row| norm_row(row, norm, kind, eps));
         }
     });
+}
+
+fn norm_row(row: &mut [f32], norm: &Norm, kind: NormKind, eps: f32) {
+    match kind {
+        NormKind::Rms => rms_norm(row, &norm.weight, eps),
+        NormKind::Layer => layer_norm(row, &norm.weight, norm.bias.as_deref(), eps),
+    }
 }
 
 /// RMS-normalises every `cols`-long row of `x` by `w`, rows spread over the pool.
@@ -240,11 +265,10 @@ impl Model<'_> {
             Err(_) => own.insert(Scratch::default()),
         };
         for (il, layer) in self.weights.layers.iter().enumerate() {
-            s.h.clear();
-            s.h.extend_from_slice(&x);
-            apply_norm(
+            norm_into(
+                &x,
                 &mut s.h,
-                &layer.attn_norm,
+                Some(&layer.attn_norm),
                 arch.norm,
                 cfg.norm_eps,
                 e,
@@ -297,11 +321,8 @@ impl Model<'_> {
             match arch.residual {
                 Residual::Sequential => {
                     add_into(&mut x, &s.o, threads);
-                    s.h2.clear();
-                    s.h2.extend_from_slice(&x);
-                    if let Some(norm) = &layer.ffn_norm {
-                        apply_norm(&mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
-                    }
+                    let norm = layer.ffn_norm.as_ref();
+                    norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
                     self.ffn(layer, &s.h2, &mut s.ffn, &mut s.act);
                     add_into(&mut x, &s.ffn.down, threads);
                 }
@@ -309,11 +330,8 @@ impl Model<'_> {
                     if shared_norm {
                         self.ffn(layer, &s.h, &mut s.ffn, &mut s.act);
                     } else {
-                        s.h2.clear();
-                        s.h2.extend_from_slice(&x);
-                        if let Some(norm) = &layer.ffn_norm {
-                            apply_norm(&mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
-                        }
+                        let norm = layer.ffn_norm.as_ref();
+                        norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
                         self.ffn(layer, &s.h2, &mut s.ffn, &mut s.act);
                     }
                     // x + (attn + ffn), llama.cpp's order.
