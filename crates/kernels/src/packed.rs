@@ -63,7 +63,59 @@ pub struct PackedMatrix {
     cols: usize,
     /// Bytes of one group (all blocks of its 16 rows), a multiple of 64.
     group_bytes: usize,
-    lines: Vec<Line>,
+    lines: LineBuf,
+}
+
+/// The packed bytes. Where the OS allows, an anonymous mapping advised for transparent
+/// huge pages before packing first touches it: prefill streams every weight once per
+/// token chunk, and with 4 KiB pages each of those pages costs a TLB walk (a 1B model is
+/// ~190 000 of them). Otherwise (or if mapping fails) 64-byte-aligned heap lines.
+enum LineBuf {
+    Map(memmap2::MmapMut),
+    Heap(Vec<Line>),
+}
+
+impl LineBuf {
+    /// `len` zero bytes (a multiple of 64).
+    fn zeroed(len: usize) -> LineBuf {
+        debug_assert!(len.is_multiple_of(64));
+        if len >= 2 << 20
+            && let Ok(map) = memmap2::MmapMut::map_anon(len)
+        {
+            // Advice only: without THP the mapping works the same, with small pages.
+            #[cfg(target_os = "linux")]
+            let _ = map.advise(memmap2::Advice::HugePage);
+            return LineBuf::Map(map);
+        }
+        LineBuf::Heap(vec![Line([0; 64]); len / 64])
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            LineBuf::Map(m) => m,
+            LineBuf::Heap(v) => {
+                // SAFETY: `v` holds v.len() * 64 initialised bytes.
+                unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 64) }
+            }
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            LineBuf::Map(m) => m.as_mut_ptr(),
+            LineBuf::Heap(v) => v.as_mut_ptr() as *mut u8,
+        }
+    }
+}
+
+impl Clone for LineBuf {
+    fn clone(&self) -> Self {
+        let src = self.as_slice();
+        let mut out = LineBuf::zeroed(src.len());
+        // SAFETY: `out` has src.len() bytes; the two buffers are distinct.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.as_mut_ptr(), src.len()) };
+        out
+    }
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -88,12 +140,12 @@ impl PackedMatrix {
 
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
-        self.lines.len() * 64
+        self.lines.as_slice().len()
     }
 
     fn bytes(&self) -> &[u8] {
         // SAFETY: `Line` is 64 plain bytes (repr(C)); the slice covers exactly the Vec.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.size_bytes()) }
+        self.lines.as_slice()
     }
 
     fn blocks_per_row(&self) -> usize {
@@ -189,8 +241,8 @@ fn pack_for<'w>(
     let per_block: usize = secs.iter().sum();
     let group_bytes = (nb * per_block).next_multiple_of(64);
     let groups = rows / GROUP_ROWS;
-    let mut lines = vec![Line([0; 64]); groups * group_bytes / 64];
-    let base = SyncPtr(lines.as_mut_ptr() as *mut u8);
+    let mut lines = LineBuf::zeroed(groups * group_bytes);
+    let base = SyncPtr(lines.as_mut_ptr());
     let offs = section_offsets(secs, nb);
     let group_src = GROUP_ROWS * row_bytes;
     for g0 in (0..groups).step_by(RELEASE_GROUPS) {
