@@ -545,8 +545,51 @@ pub(crate) struct ActPrep {
 /// Q8_K block: f32 d, 256 × i8, 16 × i16 bsums.
 const Q8K_BYTES: usize = 292;
 
-fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
+/// Tokens per task when preparing the activations.
+const PREP_TOKENS: usize = 32;
+
+fn prep(ty: GgmlType, a: &QuantizedRows, pool: &ThreadPool) -> ActPrep {
     let rb = a.row_bytes();
+    let (blocks, per) = match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => (a.cols / 32, 1),
+        GgmlType::Q6_K => (a.cols / 256, 16),
+        _ => (a.cols / 256, 4),
+    };
+    // The activation row of token `t` and its blocks (34-byte Q8_0 or 292-byte Q8_K).
+    let row = |t: usize| &a.data[t * rb..(t + 1) * rb];
+    let block_bytes = if per == 1 { 34 } else { Q8K_BYTES };
+    let mut dy = vec![0f32; a.n * blocks];
+    pool.for_each_chunk_mut(&mut dy, blocks * PREP_TOKENS, |c, dys| {
+        for (i, d) in dys.chunks_exact_mut(blocks).enumerate() {
+            let blks = row(c * PREP_TOKENS + i).chunks_exact(block_bytes);
+            for (d, blk) in d.iter_mut().zip(blks) {
+                *d = if per == 1 {
+                    half::f16::from_le_bytes([blk[0], blk[1]]).to_f32()
+                } else {
+                    f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]])
+                };
+            }
+        }
+    });
+    let mut aux = vec![0i32; a.n * blocks * per];
+    pool.for_each_chunk_mut(&mut aux, blocks * per * PREP_TOKENS, |c, auxs| {
+        for (i, x) in auxs.chunks_exact_mut(blocks * per).enumerate() {
+            let blks = row(c * PREP_TOKENS + i).chunks_exact(block_bytes);
+            for (x, blk) in x.chunks_exact_mut(per).zip(blks) {
+                prep_block(ty, blk, x);
+            }
+        }
+    });
+    ActPrep {
+        dy,
+        aux,
+        aux_per_block: per,
+        blocks,
+    }
+}
+
+/// The aux values of one activation block (see `ActPrep`).
+fn prep_block(ty: GgmlType, blk: &[u8], x: &mut [i32]) {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
             let off = match ty {
@@ -554,49 +597,21 @@ fn prep(ty: GgmlType, a: &QuantizedRows) -> ActPrep {
                 GgmlType::Q4_0 => 8,
                 _ => 16,
             };
-            let nb = a.cols / 32;
-            let mut dy = Vec::with_capacity(a.n * nb);
-            let mut aux = Vec::with_capacity(a.n * nb);
-            for t in 0..a.n {
-                let row = &a.data[t * rb..(t + 1) * rb];
-                for blk in row.chunks_exact(34).take(nb) {
-                    dy.push(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
-                    let s: i32 = blk[2..34].iter().map(|&q| q as i8 as i32).sum();
-                    aux.push(-off * s);
-                }
-            }
-            ActPrep {
-                dy,
-                aux,
-                aux_per_block: 1,
-                blocks: nb,
-            }
+            let s: i32 = blk[2..34].iter().map(|&q| q as i8 as i32).sum();
+            x[0] = -off * s;
         }
         _ => {
-            let nb = a.cols / 256;
-            let per = if ty == GgmlType::Q6_K { 16 } else { 4 };
-            let mut dy = Vec::with_capacity(a.n * nb);
-            let mut aux = Vec::with_capacity(a.n * nb * per);
-            for t in 0..a.n {
-                let row = &a.data[t * rb..(t + 1) * rb];
-                for blk in row.chunks_exact(Q8K_BYTES).take(nb) {
-                    dy.push(f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]));
-                    let bsum =
-                        |j: usize| i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as i32;
-                    if ty == GgmlType::Q6_K {
-                        aux.extend((0..16).map(|s| -32 * bsum(s)));
-                    } else {
-                        // Sub-block sums (32 values) as i16 pairs (2p, 2p+1) for vpdpwssd.
-                        let sub = |j: usize| (bsum(2 * j) + bsum(2 * j + 1)) as i16 as u16 as u32;
-                        aux.extend((0..4).map(|p| (sub(2 * p) | (sub(2 * p + 1) << 16)) as i32));
-                    }
+            let bsum = |j: usize| i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as i32;
+            if ty == GgmlType::Q6_K {
+                for (s, x) in x.iter_mut().enumerate() {
+                    *x = -32 * bsum(s);
                 }
-            }
-            ActPrep {
-                dy,
-                aux,
-                aux_per_block: per,
-                blocks: nb,
+            } else {
+                // Sub-block sums (32 values) as i16 pairs (2p, 2p+1) for vpdpwssd.
+                let sub = |j: usize| (bsum(2 * j) + bsum(2 * j + 1)) as i16 as u16 as u32;
+                for (p, x) in x.iter_mut().enumerate() {
+                    *x = (sub(2 * p) | (sub(2 * p + 1) << 16)) as i32;
+                }
             }
         }
     }
@@ -643,7 +658,7 @@ pub fn matmul_packed(p: &PackedMatrix, a: &QuantizedRows, out: &mut [f32], pool:
     if n == 0 {
         return;
     }
-    let prep = prep(p.ty, a);
+    let prep = prep(p.ty, a, pool);
     let groups = p.rows / GROUP_ROWS;
     let threads = pool.n_threads();
     let (gchunk, tchunk) = if n == 1 {
