@@ -369,8 +369,9 @@ pub(crate) fn parse(buf: &[u8]) -> Result<GgufFile<'_>, GgufError> {
                 ErrorKind::MisalignedOffset { offset, alignment },
             ));
         }
+        // Saturating: a previous tensor whose end overflows u64 ends past any file.
         if let Some(prev) = tensors.last()
-            && offset < prev.offset + prev.n_bytes
+            && offset < prev.offset.saturating_add(prev.n_bytes)
         {
             return Err(c.err(
                 offset_at,
@@ -378,7 +379,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<GgufFile<'_>, GgufError> {
                 ErrorKind::Overlap {
                     offset,
                     previous: prev.name.to_string(),
-                    previous_end: prev.offset + prev.n_bytes,
+                    previous_end: prev.offset.saturating_add(prev.n_bytes),
                 },
             ));
         }

@@ -465,6 +465,16 @@ fn offset_problems() {
     let e = err(&with_tensor(&[4], F32_T, u64::MAX - 31, 40));
     assert!(matches!(e.kind, ErrorKind::DataOutOfFile { .. }), "{e}");
 
+    // A first tensor whose end overflows u64 (found by the fuzzer: the overlap check
+    // added the offsets unchecked).
+    let mut b = header(3, 2, 0);
+    tensor_info(&mut b, b"a", &[16], F32_T, u64::MAX - 31);
+    tensor_info(&mut b, b"b", &[4], F32_T, 32);
+    pad(&mut b, 32);
+    b.resize(b.len() + 256, 0);
+    let e = err(&b);
+    assert!(matches!(e.kind, ErrorKind::Overlap { .. }), "{e}");
+
     // Overlapping, and out of order.
     for second in [0u64, 32] {
         let mut b = header(3, 2, 0);
