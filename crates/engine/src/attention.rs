@@ -617,22 +617,43 @@ mod tests {
             .and_then(|s| s.parse().ok())
             .unwrap_or(2);
         let pool = ThreadPool::new(threads);
-        // Gemma 3 270M's shape at depth 4096, and Llama-3.2-1B's prefill from empty.
-        let g = (4, 1, 256, 4096);
-        let l = (32, 8, 64, 0);
-        for (name, (nh, nkv, hd, depth), window, len, reps) in [
-            ("gemma decode d4096, global", g, None, 1, 200),
-            ("gemma decode d4096, window 512", g, Some(512), 1, 200),
-            ("gemma prefill 512 @ d4096, global", g, None, 512, 5),
+        // Gemma 3 270M's shape at depth 4096, and Llama-3.2-1B's prefill from empty:
+        // (n_head, n_head_kv, head_dim, depth) and the cases run on that cache.
+        type Case = (&'static str, Option<usize>, usize, usize);
+        type Dims = (usize, usize, usize, usize);
+        let shapes: [(Dims, &[Case]); 2] = [
             (
-                "gemma prefill 512 @ d4096, window 512",
-                g,
-                Some(512),
-                512,
-                5,
+                (4, 1, 256, 4096),
+                &[
+                    ("gemma decode d4096, global", None, 1, 200),
+                    ("gemma decode d4096, window 512", Some(512), 1, 200),
+                    ("gemma prefill 512 @ d4096, global", None, 512, 5),
+                    ("gemma prefill 512 @ d4096, window 512", Some(512), 512, 5),
+                ],
             ),
-            ("llama-1b prefill 512", l, None, 512, 5),
-        ] {
+            ((32, 8, 64, 0), &[("llama-1b prefill 512", None, 512, 5)]),
+        ];
+        let best = |f: &mut dyn FnMut() -> Vec<f32>, reps: usize| {
+            (0..reps)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    std::hint::black_box(f());
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let env = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(d)
+        };
+        let tuning = Tuning {
+            block: env("LLAMAY_BENCH_BLOCK", TUNING.block),
+            tile: env("LLAMAY_BENCH_TILE", TUNING.tile),
+            ..TUNING
+        };
+        for ((nh, nkv, hd, depth), cases) in shapes {
             let mut rng = Rng(9);
             let mut cache = KvCache::new(1, nkv * hd, nkv * hd, depth + 512, KvPrecision::F16);
             let (mut keys, mut values) = (Vec::new(), Vec::new());
@@ -644,17 +665,8 @@ mod tests {
                 keys.extend(k.iter().map(|&x| half::f16::from_f32(x).to_f32()));
                 values.extend(v.iter().map(|&x| half::f16::from_f32(x).to_f32()));
             }
-            let best = |f: &mut dyn FnMut() -> Vec<f32>, reps: usize| {
-                (0..reps)
-                    .map(|_| {
-                        let t = std::time::Instant::now();
-                        std::hint::black_box(f());
-                        t.elapsed().as_secs_f64() * 1e3
-                    })
-                    .fold(f64::INFINITY, f64::min)
-            };
             let caches = [cache];
-            {
+            for &(name, window, len, reps) in cases {
                 let shape = Shape {
                     n_head: nh,
                     n_head_kv: nkv,
@@ -673,17 +685,6 @@ mod tests {
                     })
                     .collect();
                 let q: Vec<f32> = (0..len * nh * hd).map(|_| rng.f()).collect();
-                let env = |k: &str, d: usize| {
-                    std::env::var(k)
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(d)
-                };
-                let tuning = Tuning {
-                    block: env("LLAMAY_BENCH_BLOCK", TUNING.block),
-                    tile: env("LLAMAY_BENCH_TILE", TUNING.tile),
-                    ..TUNING
-                };
                 let new = best(
                     &mut || attention_with(&shape, &tuning, &caches, &batch, 0, &q, &pool),
                     reps,

@@ -47,6 +47,8 @@ impl Logits {
 
 /// Rows per task of the row-wise steps (norms, rope).
 const ROWS_PER_TASK: usize = 16;
+/// Values per task of the element-wise steps (residual adds, GELU).
+const ELEMS_PER_TASK: usize = 16 * 1024;
 
 /// Normalises every `cols`-long row of `x`, rows spread over the pool.
 fn apply_norm(
@@ -132,19 +134,26 @@ fn linear(
     linears(&[l], x, act, &mut [out], pool);
 }
 
-/// `x += y`, in pieces over the pool.
-fn add_into(x: &mut [f32], y: &[f32], pool: &ThreadPool) {
-    const CHUNK: usize = 16 * 1024;
-    pool.for_each_chunk_mut(x, CHUNK, |i, xs| {
-        xs.iter_mut()
-            .zip(&y[i * CHUNK..])
-            .for_each(|(a, b)| *a += b);
+/// `x += y`, or `x += y + z` (llama.cpp's order for a parallel residual), in pieces
+/// over the pool.
+fn add_into(x: &mut [f32], y: &[f32], z: Option<&[f32]>, pool: &ThreadPool) {
+    pool.for_each_chunk_mut(x, ELEMS_PER_TASK, |i, xs| {
+        let y = &y[i * ELEMS_PER_TASK..];
+        match z {
+            None => xs.iter_mut().zip(y).for_each(|(a, b)| *a += b),
+            Some(z) => {
+                let z = &z[i * ELEMS_PER_TASK..];
+                for ((a, b), c) in xs.iter_mut().zip(y).zip(z) {
+                    *a += b + c;
+                }
+            }
+        }
     });
 }
 
-/// Buffers one `decode` call reuses from layer to layer: each grows on first use and is
-/// then overwritten in place (the kernels write every value), so the layers after the
-/// first neither allocate nor zero them.
+/// Buffers `decode` reuses from layer to layer and, kept in the `Model`, from call to
+/// call: each grows on first use and is then overwritten in place (the kernels write
+/// every value), so later layers and calls neither allocate nor zero them.
 #[derive(Default)]
 pub(crate) struct Scratch {
     /// The normalised input of attention (and of a shared-norm parallel FFN).
@@ -320,11 +329,11 @@ impl Model<'_> {
 
             match arch.residual {
                 Residual::Sequential => {
-                    add_into(&mut x, &s.o, threads);
+                    add_into(&mut x, &s.o, None, threads);
                     let norm = layer.ffn_norm.as_ref();
                     norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
                     self.ffn(layer, &s.h2, &mut s.ffn, &mut s.act);
-                    add_into(&mut x, &s.ffn.down, threads);
+                    add_into(&mut x, &s.ffn.down, None, threads);
                 }
                 Residual::Parallel { shared_norm } => {
                     if shared_norm {
@@ -334,15 +343,7 @@ impl Model<'_> {
                         norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
                         self.ffn(layer, &s.h2, &mut s.ffn, &mut s.act);
                     }
-                    // x + (attn + ffn), llama.cpp's order.
-                    const CHUNK: usize = 16 * 1024;
-                    let (o, f) = (&s.o, &s.ffn.down);
-                    threads.for_each_chunk_mut(&mut x, CHUNK, |i, xs| {
-                        let (o, f) = (&o[i * CHUNK..], &f[i * CHUNK..]);
-                        for ((a, b), c) in xs.iter_mut().zip(o).zip(f) {
-                            *a += b + c;
-                        }
-                    });
+                    add_into(&mut x, &s.o, Some(&s.ffn.down), threads);
                 }
             }
         }
@@ -398,9 +399,8 @@ impl Model<'_> {
                     let (up, g) = (&mut f.up, &f.gate);
                     if self.config.arch.ffn == FfnKind::GeGlu {
                         // up *= gelu(g), a piece per task (GELU works in place).
-                        const CHUNK: usize = 16 * 1024;
-                        threads.for_each_chunk_mut(up, CHUNK, |i, u| {
-                            let mut gi = g[i * CHUNK..][..u.len()].to_vec();
+                        threads.for_each_chunk_mut(up, ELEMS_PER_TASK, |i, u| {
+                            let mut gi = g[i * ELEMS_PER_TASK..][..u.len()].to_vec();
                             gelu_slice(&mut gi);
                             u.iter_mut().zip(&gi).for_each(|(u, g)| *u *= g);
                         });
@@ -413,7 +413,7 @@ impl Model<'_> {
             }
             FfnKind::Gelu => {
                 linear(&layer.ffn_up, h, act, &mut f.up, threads);
-                threads.for_each_chunk_mut(&mut f.up, 16 * 1024, |_, u| gelu_slice(u));
+                threads.for_each_chunk_mut(&mut f.up, ELEMS_PER_TASK, |_, u| gelu_slice(u));
             }
         }
         linear(&layer.ffn_down, &f.up, act, &mut f.down, threads);

@@ -63,6 +63,8 @@ pub struct PackedMatrix {
     cols: usize,
     /// Bytes of one group (all blocks of its 16 rows), a multiple of 64.
     group_bytes: usize,
+    /// Where each section (`sections`, in order) starts in a group, in bytes.
+    sec: [usize; 6],
     lines: LineBuf,
 }
 
@@ -144,7 +146,6 @@ impl PackedMatrix {
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is 64 plain bytes (repr(C)); the slice covers exactly the Vec.
         self.lines.as_slice()
     }
 
@@ -269,6 +270,7 @@ fn pack_for<'w>(
         rows,
         cols,
         group_bytes,
+        sec: offs,
         lines,
     })
 }
@@ -396,9 +398,8 @@ impl PackedMatrix {
         }
         let (g, rr) = (r / GROUP_ROWS, r % GROUP_ROWS);
         let group = &self.bytes()[g * self.group_bytes..(g + 1) * self.group_bytes];
-        let offs = section_offsets(secs, nb);
         for (b, dst) in out.chunks_exact_mut(ts).take(nb).enumerate() {
-            unpack_block(self.ty, group, rr, b, secs, &offs, dst);
+            unpack_block(self.ty, group, rr, b, secs, &self.sec, dst);
         }
         true
     }
@@ -729,7 +730,7 @@ unsafe fn run_tile(
     let tile_args = Tile {
         w: p.bytes()[g * p.group_bytes..].as_ptr(),
         nb,
-        sec: section_offsets(sections(p.ty).unwrap_or(&[]), nb),
+        sec: p.sec,
         a: a.data[t * rb..].as_ptr(),
         a_stride: rb,
         dy: prep.dy[t * prep.blocks..].as_ptr(),

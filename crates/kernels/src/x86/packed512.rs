@@ -149,8 +149,8 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
 /// `acc = (acc + (d·dy)·Σ_j sc_j Σ q a) − (dmin·dy)·Σ_j m_j bsum_j`, as
 /// `portable::dot_q4_k` / `dot_q5_k` and `kq_acc`, bit for bit.
 ///
-/// The sub-block products `sc_j · Σ q a` are summed in f32, not with `vpmulld` (two
-/// uops where `vpdpbusd` needs one: with the other steps, a quarter of the loop). That
+/// The sub-block products `sc_j · Σ q a` are summed in f32, not with `vpmulld` (which
+/// issues at half the rate of an add here, on the ports `vpdpbusd` needs). That
 /// is exact: each integer sum converts exactly (below 2²⁴), each product is an integer
 /// below 2²² (Q4_K: 63 · 32 · 15 · 128) and four of them sum below 2²⁴, so Q4_K keeps
 /// two exact halves whose one f32 addition rounds as the portable `sumi as f32` does.
