@@ -17,16 +17,14 @@ fn supported(set: KernelSet) -> bool {
     {
         use std::arch::is_x86_feature_detected as has;
         let avx2 = || has!("avx2") && has!("fma") && has!("f16c");
+        let avx512vnni = || {
+            avx2() && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni")
+        };
         match set {
             KernelSet::Avx2 => return avx2(),
             KernelSet::AvxVnni => return avx2() && has!("avxvnni"),
-            KernelSet::Avx512Vnni => {
-                return avx2()
-                    && has!("avx512f")
-                    && has!("avx512bw")
-                    && has!("avx512vl")
-                    && has!("avx512vnni");
-            }
+            KernelSet::Avx512Vnni => return avx512vnni(),
+            KernelSet::Avx512Amx => return avx512vnni() && crate::x86::amx::tile_data_granted(),
             _ => {}
         }
     }
@@ -57,7 +55,7 @@ pub(crate) fn hardware() -> KernelSet {
 fn arch_of(set: KernelSet) -> u8 {
     match set {
         KernelSet::Portable => 0,
-        KernelSet::Avx2 | KernelSet::AvxVnni | KernelSet::Avx512Vnni => 1,
+        KernelSet::Avx2 | KernelSet::AvxVnni | KernelSet::Avx512Vnni | KernelSet::Avx512Amx => 1,
         KernelSet::Neon | KernelSet::NeonDotprod | KernelSet::NeonI8mm => 2,
     }
 }
@@ -113,10 +111,10 @@ pub(crate) fn avx2_active() -> bool {
     arch_of(active()) == arch_of(KernelSet::Avx2)
 }
 
-/// Whether the active set is AVX-512 (F, BW, VL, VNNI).
+/// Whether the active set includes AVX-512 (F, BW, VL, VNNI).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512_active() -> bool {
-    active() == KernelSet::Avx512Vnni
+    matches!(active(), KernelSet::Avx512Vnni | KernelSet::Avx512Amx)
 }
 
 /// A dot-product kernel chosen for a weight type under an available kernel set.
@@ -204,7 +202,10 @@ fn simd_fn(set: KernelSet, wty: GgmlType) -> Option<SimdDotFn> {
     match set {
         KernelSet::Portable => None,
         KernelSet::Avx2 | KernelSet::AvxVnni => avx2_fn(wty),
-        KernelSet::Avx512Vnni => avx512::dot_fn(wty).or_else(|| avx2_fn(wty)),
+        // AMX adds prefill tiles only (`packed`); its row kernels are AVX-512's.
+        KernelSet::Avx512Vnni | KernelSet::Avx512Amx => {
+            avx512::dot_fn(wty).or_else(|| avx2_fn(wty))
+        }
         KernelSet::Neon | KernelSet::NeonDotprod | KernelSet::NeonI8mm => None,
     }
 }
@@ -232,6 +233,8 @@ mod tests {
         assert_eq!(cap(Avx2, Avx512Vnni), Avx2);
         assert_eq!(cap(AvxVnni, Avx512Vnni), AvxVnni);
         assert_eq!(cap(Avx512Vnni, AvxVnni), AvxVnni);
+        assert_eq!(cap(Avx512Amx, Avx512Vnni), Avx512Vnni);
+        assert_eq!(cap(Avx512Vnni, Avx512Amx), Avx512Vnni);
         // Whatever the CPU, the cap to it is a set it supports, never above the request.
         for s in KernelSet::ALL {
             let c = cap_to_hardware(s);

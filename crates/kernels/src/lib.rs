@@ -33,7 +33,8 @@ pub use vecf32::{axpy_f32, dot_f32, silu, swiglu, widen_f16};
 
 pub(crate) type DotFn = fn(&[u8], &[u8], usize) -> f32;
 
-/// A set of kernels. Within one architecture's sets (x86-64: `Avx2 < Avx512Vnni`;
+/// A set of kernels. Within one architecture's sets (x86-64: `Avx2 < AvxVnni <
+/// Avx512Vnni < Avx512Amx`;
 /// aarch64: `Neon < NeonDotprod < NeonI8mm`) the order is increasing order of what the
 /// CPU must offer, and `Portable` is below all; sets of different architectures do not
 /// cap one another (see `is_available`).
@@ -48,6 +49,10 @@ pub enum KernelSet {
     AvxVnni,
     /// AVX-512 F/BW/VL + VNNI (falls back to AVX2 for formats without one).
     Avx512Vnni,
+    /// AVX-512 VNNI + AMX-TILE/AMX-INT8 with the OS's permission for tile data (Sapphire
+    /// Rapids and later): the AVX-512 VNNI kernels, with prefill tiles of 16 tokens on
+    /// the tile unit (`x86::amx`).
+    Avx512Amx,
     /// aarch64 NEON (ARMv8-A baseline).
     Neon,
     /// NEON + the `dotprod` extension (`sdot`).
@@ -64,6 +69,7 @@ impl KernelSet {
             KernelSet::Avx2 => "avx2",
             KernelSet::AvxVnni => "avxvnni",
             KernelSet::Avx512Vnni => "avx512vnni",
+            KernelSet::Avx512Amx => "avx512amx",
             KernelSet::Neon => "neon",
             KernelSet::NeonDotprod => "neon-dotprod",
             KernelSet::NeonI8mm => "neon-i8mm",
@@ -78,11 +84,12 @@ impl KernelSet {
     }
 
     /// Every set, portable first, then each architecture's in increasing order.
-    pub const ALL: [KernelSet; 7] = [
+    pub const ALL: [KernelSet; 8] = [
         KernelSet::Portable,
         KernelSet::Avx2,
         KernelSet::AvxVnni,
         KernelSet::Avx512Vnni,
+        KernelSet::Avx512Amx,
         KernelSet::Neon,
         KernelSet::NeonDotprod,
         KernelSet::NeonI8mm,
@@ -113,7 +120,7 @@ pub fn active_kernel_set() -> KernelSet {
     dispatch::active()
 }
 
-/// The name of the kernel set in use: "avx512vnni", "avxvnni", "avx2", "neon-i8mm",
+/// The name of the kernel set in use: "avx512amx", "avx512vnni", "avxvnni", "avx2", "neon-i8mm",
 /// "neon-dotprod", "neon" or "portable".
 pub fn kernel_set() -> &'static str {
     dispatch::active().name()

@@ -166,7 +166,8 @@ pub fn packable(ty: GgmlType, rows: usize, cols: usize) -> bool {
 pub fn packable_with(set: KernelSet, ty: GgmlType, rows: usize, cols: usize) -> bool {
     let set_packs = match set {
         KernelSet::Avx2 | KernelSet::NeonDotprod => ty != GgmlType::Q8_0,
-        KernelSet::AvxVnni | KernelSet::Avx512Vnni | KernelSet::NeonI8mm => true,
+        KernelSet::AvxVnni | KernelSet::Avx512Vnni | KernelSet::Avx512Amx => true,
+        KernelSet::NeonI8mm => true,
         KernelSet::Portable | KernelSet::Neon => false,
     };
     set_packs
@@ -541,6 +542,11 @@ pub(crate) struct ActPrep {
     /// Entries of `aux` per block.
     pub aux_per_block: usize,
     pub blocks: usize,
+    /// For the AMX kernels (else empty): the Q8_K quants of every whole group of 16
+    /// tokens as `[group][block][token][256]`, so that a tile row (a token's 16 or 32
+    /// bytes of one sub-block) is aligned and rows are 256 bytes apart. Read in place,
+    /// the rows straddle lines a block's 292 bytes apart and halve the kernels' speed.
+    pub tiles16: Vec<Line>,
 }
 
 /// Q8_K block: f32 d, 256 × i8, 16 × i16 bsums.
@@ -549,7 +555,7 @@ const Q8K_BYTES: usize = 292;
 /// Tokens per task when preparing the activations.
 const PREP_TOKENS: usize = 32;
 
-fn prep(ty: GgmlType, a: &QuantizedRows, pool: &ThreadPool) -> ActPrep {
+fn prep(ty: GgmlType, a: &QuantizedRows, tiles16: bool, pool: &ThreadPool) -> ActPrep {
     let rb = a.row_bytes();
     let (blocks, per) = match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => (a.cols / 32, 1),
@@ -581,12 +587,37 @@ fn prep(ty: GgmlType, a: &QuantizedRows, pool: &ThreadPool) -> ActPrep {
             }
         }
     });
+    let tiles16 = if tiles16 && per != 1 {
+        tile_rows16(a, blocks, pool)
+    } else {
+        Vec::new()
+    };
     ActPrep {
         dy,
         aux,
         aux_per_block: per,
         blocks,
+        tiles16,
     }
+}
+
+/// `ActPrep::tiles16` of Q8_K rows `a` (`blocks` per row).
+fn tile_rows16(a: &QuantizedRows, blocks: usize, pool: &ThreadPool) -> Vec<Line> {
+    let rb = a.row_bytes();
+    // Lines per (group of 16 tokens, block): 16 tokens × 256 bytes.
+    let per_block = 16 * 256 / 64;
+    let mut out = vec![Line([0; 64]); (a.n / 16) * blocks * per_block];
+    pool.for_each_chunk_mut(&mut out, blocks * per_block, |g, lines| {
+        for (b, blk) in lines.chunks_exact_mut(per_block).enumerate() {
+            for (t, dst) in blk.chunks_exact_mut(4).enumerate() {
+                let src = &a.data[(16 * g + t) * rb + b * Q8K_BYTES + 4..][..256];
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(64)) {
+                    d.0.copy_from_slice(s);
+                }
+            }
+        }
+    });
+    out
 }
 
 /// The aux values of one activation block (see `ActPrep`).
@@ -636,6 +667,9 @@ pub(crate) struct Tile {
     /// Row 0 of the group for the first token; the next token is `out_stride` on.
     pub out: *mut f32,
     pub out_stride: usize,
+    /// Where `ActPrep::tiles16` holds the first token's group of 16 (null when the
+    /// first token does not start one, or there are none).
+    pub tiles16: *const u8,
 }
 
 /// Tokens per task in prefill: the group's weights stay in L1 while this many
@@ -659,7 +693,7 @@ pub fn matmul_packed(p: &PackedMatrix, a: &QuantizedRows, out: &mut [f32], pool:
     if n == 0 {
         return;
     }
-    let prep = prep(p.ty, a, pool);
+    let prep = prep(p.ty, a, uses_tiles16(p.set, p.ty, n), pool);
     let groups = p.rows / GROUP_ROWS;
     let threads = pool.n_threads();
     let (gchunk, tchunk) = if n == 1 {
@@ -698,6 +732,16 @@ pub fn matmul_packed(p: &PackedMatrix, a: &QuantizedRows, out: &mut [f32], pool:
     }
 }
 
+/// Whether `set`'s kernels for `ty` read `ActPrep::tiles16` (AMX, a group of 16 tokens).
+fn uses_tiles16(set: KernelSet, ty: GgmlType, n: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if set == KernelSet::Avx512Amx {
+        return crate::x86::amx::tokens(ty, n) > 0;
+    }
+    let _ = (set, ty, n);
+    false
+}
+
 /// Tokens per register tile of `set`'s packed kernels.
 fn tile_tokens(set: KernelSet) -> usize {
     match set {
@@ -705,6 +749,8 @@ fn tile_tokens(set: KernelSet) -> usize {
         KernelSet::Avx2 | KernelSet::AvxVnni => crate::x86::packed256::TILE,
         #[cfg(target_arch = "x86_64")]
         KernelSet::Avx512Vnni => crate::x86::packed512::TILE,
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx512Amx => crate::x86::amx::TILE,
         #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
         KernelSet::NeonDotprod | KernelSet::NeonI8mm => crate::aarch64::packed::TILE,
         _ => 1,
@@ -727,7 +773,8 @@ unsafe fn run_tile(
 ) {
     let nb = p.blocks_per_row();
     let rb = a.row_bytes();
-    let tile_args = Tile {
+    // The tile of tokens t..: pointers only, dereferenced by the kernels.
+    let tile_at = |t: usize| Tile {
         w: p.bytes()[g * p.group_bytes..].as_ptr(),
         nb,
         sec: p.sec,
@@ -738,7 +785,13 @@ unsafe fn run_tile(
         prep_stride: prep.blocks,
         out: out.wrapping_add(t * p.rows + g * GROUP_ROWS),
         out_stride: p.rows,
+        tiles16: if t % 16 == 0 && (t + 16) * 256 * nb <= prep.tiles16.len() * 64 {
+            prep.tiles16[t * 4 * nb..].as_ptr() as *const u8
+        } else {
+            std::ptr::null()
+        },
     };
+    let tile_args = tile_at(t);
     // SAFETY: forwarded from the caller; the kernels of `p.set`, which this CPU runs.
     unsafe {
         match p.set {
@@ -748,6 +801,21 @@ unsafe fn run_tile(
             KernelSet::AvxVnni => crate::x86::packed256::vnni::tile(p.ty, m, &tile_args),
             #[cfg(target_arch = "x86_64")]
             KernelSet::Avx512Vnni => crate::x86::packed512::tile(p.ty, m, &tile_args),
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::Avx512Amx => {
+                // Whole 16-token tiles on the tile unit, the rest on AVX-512 VNNI.
+                use crate::x86::{amx, packed512};
+                let full = if tile_args.tiles16.is_null() { 0 } else { amx::tokens(p.ty, m) };
+                if full > 0 {
+                    amx::tile(p.ty, full, &tile_args);
+                }
+                let mut s = full;
+                while s < m {
+                    let k = (m - s).min(packed512::TILE);
+                    packed512::tile(p.ty, k, &tile_at(t + s));
+                    s += k;
+                }
+            }
             #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
             KernelSet::NeonDotprod => crate::aarch64::packed::dotprod::tile(p.ty, m, &tile_args),
             #[cfg(all(target_arch = "aarch64", target_endian = "little"))]

@@ -1,5 +1,5 @@
 //! The packed (16-row interleaved) GEMM/GEMV of every packed kernel set this CPU runs
-//! (AVX-512 VNNI, AVX-VNNI, AVX2; NEON i8mm and dotprod) against the portable kernels: random blocks (every byte
+//! (AMX, AVX-512 VNNI, AVX-VNNI, AVX2; NEON i8mm and dotprod) against the portable kernels: random blocks (every byte
 //! random, scales finite), every token-tile size and several group counts. The packed kernels form the same exact integer block sums and
 //! the same float steps in the same order, so the results must be *equal*.
 
@@ -67,7 +67,8 @@ fn packed_matmul_equals_portable() {
                 packable(ty, rows, cols)
             );
             assert_eq!((p.rows(), p.cols(), p.ty()), (rows, cols, ty));
-            for &n in &[1usize, 2, 3, 7, 8, 9, 17, 70] {
+            // 16, 17, 64 and 70 take AMX tiles of 16 tokens where the CPU has them.
+            for &n in &[1usize, 2, 3, 7, 8, 9, 16, 17, 64, 70] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
                 assert_packed_equals_portable(set, &p, &w, &x, n, &pool);
             }
@@ -134,8 +135,8 @@ fn packed_matmul_equals_portable_at_extremes() {
             let Some(p) = pack_with(set, ty, &w, rows, cols, &pool) else {
                 continue;
             };
-            for sign in [1.0f32, -1.0] {
-                let n = 9;
+            // 9 tokens: register tiles only; 32: two AMX tiles where the CPU has them.
+            for (sign, n) in [(1.0f32, 9), (-1.0, 9), (1.0, 32), (-1.0, 32)] {
                 let x: Vec<f32> = (0..n * cols)
                     // Full scale, one smaller value per 32 so that the sums are odd
                     // (even ones would survive a rounding to 2 ulp unchanged).

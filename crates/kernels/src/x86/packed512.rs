@@ -55,7 +55,7 @@ const Q5_0: u8 = 2;
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn load512(p: *const u8) -> __m512i {
+pub(crate) unsafe fn load512(p: *const u8) -> __m512i {
     // SAFETY: caller guarantees 64 readable bytes at p.
     unsafe { _mm512_loadu_si512(p as *const _) }
 }
@@ -63,7 +63,7 @@ unsafe fn load512(p: *const u8) -> __m512i {
 /// Four activation bytes at `p`, broadcast to every lane.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn bcast4(p: *const u8) -> __m512i {
+pub(crate) unsafe fn bcast4(p: *const u8) -> __m512i {
     // SAFETY: caller guarantees 4 readable bytes at p.
     _mm512_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
 }
@@ -71,7 +71,7 @@ unsafe fn bcast4(p: *const u8) -> __m512i {
 /// Sixteen f16 scales at `p` as f32.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn scales16(p: *const u8) -> __m512 {
+pub(crate) unsafe fn scales16(p: *const u8) -> __m512 {
     // SAFETY: caller guarantees 32 readable bytes at p.
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p as *const __m256i) })
 }
@@ -79,7 +79,7 @@ unsafe fn scales16(p: *const u8) -> __m512 {
 /// Sixteen bytes at `p` widened to i32 lanes (unsigned, or signed for `SIGNED`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> __m512i {
+pub(crate) unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> __m512i {
     // SAFETY: caller guarantees 16 readable bytes at p.
     let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
     if SIGNED {
@@ -161,7 +161,6 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
     let nb = p.nb;
-    let [_, _, mn_sec, d_sec, dmin_sec] = k45_sections::<Q5>(p);
     // SAFETY: as in `legacy`.
     unsafe {
         for t in 0..T {
@@ -186,43 +185,73 @@ unsafe fn k45<const T: usize, const Q5: bool>(p: &Tile) {
                     part = [_mm512_setzero_ps(); T];
                 }
             }
-            // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
-            let mut mpair = [_mm512_setzero_si512(); 4];
-            for (q, mp) in mpair.iter_mut().enumerate() {
-                let m0 = bytes16::<false>(p.w.add(mn_sec + b * 128 + (2 * q) * 16));
-                let m1 = bytes16::<false>(p.w.add(mn_sec + b * 128 + (2 * q + 1) * 16));
-                *mp = _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
-            }
-            let d = scales16(p.w.add(d_sec + b * 32));
-            let dmin = scales16(p.w.add(dmin_sec + b * 32));
+            let end = k45_end_of::<Q5>(p, b);
             for t in 0..T {
                 let sumi = if Q5 {
                     _mm512_cvtepi32_ps(_mm512_castps_si512(kept[t]))
                 } else {
                     _mm512_add_ps(kept[t], part[t])
                 };
-                let aux = p.aux.add((t * p.prep_stride + b) * 4);
-                let mut summs = _mm512_setzero_si512();
-                for (q, mp) in mpair.iter().enumerate() {
-                    summs = dpwssd(summs, *mp, _mm512_set1_epi32(*aux.add(q)));
-                }
-                let summs = _mm512_cvtepi32_ps(summs);
-                let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                let out = p.out.add(t * p.out_stride);
-                let x = _mm512_add_ps(
-                    _mm512_loadu_ps(out),
-                    _mm512_mul_ps(_mm512_mul_ps(d, dy), sumi),
-                );
-                let acc = _mm512_sub_ps(x, _mm512_mul_ps(_mm512_mul_ps(dmin, dy), summs));
-                _mm512_storeu_ps(out, acc);
+                k45_end(p, &end, b, t, sumi);
             }
         }
     }
 }
 
+/// What the block end of `k45` needs of block `b` besides the sums: the mins as i16
+/// pairs (m_2q, m_2q+1) per lane, d and dmin.
+pub(crate) struct K45End {
+    mpair: [__m512i; 4],
+    d: __m512,
+    dmin: __m512,
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(crate) unsafe fn k45_end_of<const Q5: bool>(p: &Tile, b: usize) -> K45End {
+    let [_, _, mn_sec, d_sec, dmin_sec] = k45_sections::<Q5>(p);
+    // SAFETY: block b's mins, d and dmin lie inside the group (the caller's contract).
+    unsafe {
+        let mpair = core::array::from_fn(|q| {
+            let m0 = bytes16::<false>(p.w.add(mn_sec + b * 128 + (2 * q) * 16));
+            let m1 = bytes16::<false>(p.w.add(mn_sec + b * 128 + (2 * q + 1) * 16));
+            _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16))
+        });
+        K45End {
+            mpair,
+            d: scales16(p.w.add(d_sec + b * 32)),
+            dmin: scales16(p.w.add(dmin_sec + b * 32)),
+        }
+    }
+}
+
+/// Token `t`'s end of block `b` (`sumi` = Σ_j sc_j Σ q a, exact in f32):
+/// `out = (out + (d·dy)·sumi) − (dmin·dy)·Σ_j m_j bsum_j`, as `portable::kq_acc`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(crate) unsafe fn k45_end(p: &Tile, e: &K45End, b: usize, t: usize, sumi: __m512) {
+    // SAFETY: token t's prep entries and output row (the caller's contract).
+    unsafe {
+        let aux = p.aux.add((t * p.prep_stride + b) * 4);
+        let mut summs = _mm512_setzero_si512();
+        for (q, mp) in e.mpair.iter().enumerate() {
+            summs = dpwssd(summs, *mp, _mm512_set1_epi32(*aux.add(q)));
+        }
+        let summs = _mm512_cvtepi32_ps(summs);
+        let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
+        let out = p.out.add(t * p.out_stride);
+        let x = _mm512_add_ps(
+            _mm512_loadu_ps(out),
+            _mm512_mul_ps(_mm512_mul_ps(e.d, dy), sumi),
+        );
+        let acc = _mm512_sub_ps(x, _mm512_mul_ps(_mm512_mul_ps(e.dmin, dy), summs));
+        _mm512_storeu_ps(out, acc);
+    }
+}
+
 /// Q4_K/Q5_K sections after the nibbles: fifth bits (Q5_K only), scales, mins, d, dmin.
 #[inline(always)]
-fn k45_sections<const Q5: bool>(p: &Tile) -> [usize; 5] {
+pub(crate) fn k45_sections<const Q5: bool>(p: &Tile) -> [usize; 5] {
     if Q5 {
         [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
     } else {
@@ -277,12 +306,39 @@ unsafe fn k45_sub<const T: usize, const Q5: bool, const ODD: bool>(
     }
 }
 
+/// Quad `q` (elements 4q..4q+3 of each of the 16 rows, in quarter `M = q / 16`) of
+/// Q6_K block `b`, as unsigned six-bit values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(crate) unsafe fn q6_k_quad<const M: usize>(p: &Tile, b: usize, q: usize) -> __m512i {
+    let m4 = _mm512_set1_epi8(0xF);
+    let m30 = _mm512_set1_epi8(0x30);
+    let hi_sec = p.sec[1];
+    // SAFETY: block b's low nibbles and high bits lie inside the group.
+    unsafe {
+        let lo = load512(p.w.add(b * 2048 + (q % 32) * 64));
+        let lo = if M < 2 { lo } else { _mm512_srli_epi16(lo, 4) };
+        // Quad q's two high bits sit at bits 2M..2M+1 of each byte: move them to
+        // bits 4..5 (16-bit shifts: what crosses a byte is masked).
+        let hi = load512(p.w.add(hi_sec + b * 1024 + (q % 16) * 64));
+        let hi = match M {
+            0 => _mm512_slli_epi16(hi, 4),
+            1 => _mm512_slli_epi16(hi, 2),
+            2 => hi,
+            _ => _mm512_srli_epi16(hi, 2),
+        };
+        let hi = _mm512_and_si512(hi, m30);
+        // (lo & 0x0F) | hi in one op: ternary-logic table 0xEC.
+        _mm512_ternarylogic_epi32(lo, hi, m4, 0xEC)
+    }
+}
+
 /// `acc + a·b` over i16 pairs (`vpdpwssd`), written as the instruction: LLVM otherwise
 /// splits the intrinsic into `vpmaddwd` + `vpaddd` for generic x86-64 tuning, two uops on
 /// the ports the dot products need.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(crate) fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     let mut acc = acc;
     // SAFETY: AVX-512 VNNI is enabled for this function; registers only.
     unsafe {
@@ -317,15 +373,25 @@ unsafe fn q6_k<const T: usize>(p: &Tile) {
             q6_k_quarter::<T, 3>(p, b, &mut sumi);
             let d = scales16(p.w.add(d_sec + b * 32));
             for (t, sm) in sumi.iter().enumerate() {
-                let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                let out = p.out.add(t * p.out_stride);
-                let acc = _mm512_add_ps(
-                    _mm512_loadu_ps(out),
-                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(*sm)),
-                );
-                _mm512_storeu_ps(out, acc);
+                q6_k_end(p, d, b, t, *sm);
             }
         }
+    }
+}
+
+/// Token `t`'s end of Q6_K block `b`: `out += (d·dy)·sumi`, as `portable::kq_acc`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(crate) unsafe fn q6_k_end(p: &Tile, d: __m512, b: usize, t: usize, sumi: __m512i) {
+    // SAFETY: token t's prep entry and output row (the caller's contract).
+    unsafe {
+        let dy = _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b));
+        let out = p.out.add(t * p.out_stride);
+        let acc = _mm512_add_ps(
+            _mm512_loadu_ps(out),
+            _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sumi)),
+        );
+        _mm512_storeu_ps(out, acc);
     }
 }
 
@@ -365,9 +431,7 @@ unsafe fn q6_k_sub<const T: usize, const M: usize>(
     s: usize,
     part: &mut [__m512; T],
 ) {
-    let m4 = _mm512_set1_epi8(0xF);
-    let m30 = _mm512_set1_epi8(0x30);
-    let [_, hi_sec, sc_sec, ..] = p.sec;
+    let sc_sec = p.sec[2];
     // SAFETY: as in `q6_k`.
     unsafe {
         let mut iacc = [_mm512_setzero_si512(); T];
@@ -376,20 +440,7 @@ unsafe fn q6_k_sub<const T: usize, const M: usize>(
         }
         for qq in 0..4 {
             let q = 4 * s + qq;
-            let lo = load512(p.w.add(b * 2048 + (q % 32) * 64));
-            let lo = if M < 2 { lo } else { _mm512_srli_epi16(lo, 4) };
-            // Quad q's two high bits sit at bits 2M..2M+1 of each byte: move them to
-            // bits 4..5 (16-bit shifts: what crosses a byte is masked).
-            let hi = load512(p.w.add(hi_sec + b * 1024 + (q % 16) * 64));
-            let hi = match M {
-                0 => _mm512_slli_epi16(hi, 4),
-                1 => _mm512_slli_epi16(hi, 2),
-                2 => hi,
-                _ => _mm512_srli_epi16(hi, 2),
-            };
-            let hi = _mm512_and_si512(hi, m30);
-            // (lo & 0x0F) | hi in one op: ternary-logic table 0xEC.
-            let w = _mm512_ternarylogic_epi32(lo, hi, m4, 0xEC);
+            let w = q6_k_quad::<M>(p, b, q);
             for (t, acc) in iacc.iter_mut().enumerate() {
                 let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 4 * q));
                 *acc = _mm512_dpbusd_epi32(*acc, w, av);
