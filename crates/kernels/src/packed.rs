@@ -543,9 +543,10 @@ pub(crate) struct ActPrep {
     pub aux_per_block: usize,
     pub blocks: usize,
     /// For the AMX kernels (else empty): the Q8_K quants of every whole group of 16
-    /// tokens as `[group][block][token][256]`, so that a tile row (a token's 16 or 32
-    /// bytes of one sub-block) is aligned and rows are 256 bytes apart. Read in place,
-    /// the rows straddle lines a block's 292 bytes apart and halve the kernels' speed.
+    /// tokens as `[block][group][token][256]`, so that a tile row (a token's 16–64
+    /// bytes of one block) is aligned, rows are 256 bytes apart, and one block's tiles
+    /// for successive groups are contiguous (the kernels stream them). Read in place,
+    /// the rows straddle lines and the kernels run at half speed.
     pub tiles16: Vec<Line>,
 }
 
@@ -604,12 +605,13 @@ fn prep(ty: GgmlType, a: &QuantizedRows, tiles16: bool, pool: &ThreadPool) -> Ac
 /// `ActPrep::tiles16` of Q8_K rows `a` (`blocks` per row).
 fn tile_rows16(a: &QuantizedRows, blocks: usize, pool: &ThreadPool) -> Vec<Line> {
     let rb = a.row_bytes();
-    // Lines per (group of 16 tokens, block): 16 tokens × 256 bytes.
-    let per_block = 16 * 256 / 64;
-    let mut out = vec![Line([0; 64]); (a.n / 16) * blocks * per_block];
-    pool.for_each_chunk_mut(&mut out, blocks * per_block, |g, lines| {
-        for (b, blk) in lines.chunks_exact_mut(per_block).enumerate() {
-            for (t, dst) in blk.chunks_exact_mut(4).enumerate() {
+    let groups = a.n / 16;
+    // Lines per (block, group of 16 tokens): 16 tokens × 256 bytes.
+    let per_group = 16 * 256 / 64;
+    let mut out = vec![Line([0; 64]); blocks * groups * per_group];
+    pool.for_each_chunk_mut(&mut out, groups * per_group, |b, lines| {
+        for (g, grp) in lines.chunks_exact_mut(per_group).enumerate() {
+            for (t, dst) in grp.chunks_exact_mut(4).enumerate() {
                 let src = &a.data[(16 * g + t) * rb + b * Q8K_BYTES + 4..][..256];
                 for (d, s) in dst.iter_mut().zip(src.chunks_exact(64)) {
                     d.0.copy_from_slice(s);
@@ -667,9 +669,11 @@ pub(crate) struct Tile {
     /// Row 0 of the group for the first token; the next token is `out_stride` on.
     pub out: *mut f32,
     pub out_stride: usize,
-    /// Where `ActPrep::tiles16` holds the first token's group of 16 (null when the
-    /// first token does not start one, or there are none).
+    /// Where `ActPrep::tiles16` holds block 0 of the first token's group of 16 (null
+    /// when the first token does not start one, or there are none); block b is
+    /// `b · tiles16_block` bytes on.
     pub tiles16: *const u8,
+    pub tiles16_block: usize,
 }
 
 /// Tokens per task in prefill: the group's weights stay in L1 while this many
@@ -699,7 +703,7 @@ pub fn matmul_packed(p: &PackedMatrix, a: &QuantizedRows, out: &mut [f32], pool:
     let (gchunk, tchunk) = if n == 1 {
         ((groups / (threads * 8)).clamp(1, 64), 1)
     } else {
-        let tchunk = TOKEN_CHUNK.min(n);
+        let tchunk = TOKEN_CHUNK.max(tile_tokens(p.set)).min(n);
         let tcs = n.div_ceil(tchunk);
         let want = (threads * 4).div_ceil(tcs);
         ((groups / want.max(1)).clamp(1, 16), tchunk)
@@ -786,10 +790,11 @@ unsafe fn run_tile(
         out: out.wrapping_add(t * p.rows + g * GROUP_ROWS),
         out_stride: p.rows,
         tiles16: if t % 16 == 0 && (t + 16) * 256 * nb <= prep.tiles16.len() * 64 {
-            prep.tiles16[t * 4 * nb..].as_ptr() as *const u8
+            prep.tiles16[t * 4..].as_ptr() as *const u8
         } else {
             std::ptr::null()
         },
+        tiles16_block: prep.tiles16.len() * 64 / nb,
     };
     let tile_args = tile_at(t);
     // SAFETY: forwarded from the caller; the kernels of `p.set`, which this CPU runs.

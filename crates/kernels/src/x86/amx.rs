@@ -29,7 +29,7 @@ const ROWS: usize = 16;
 
 /// Most tokens per call: the block's weights are unpacked once and used by up to four
 /// A tiles.
-pub(crate) const TILE: usize = 4 * ROWS;
+pub(crate) const TILE: usize = 16 * ROWS;
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 and the OS lets this process use the tile
 /// data state (requested here, once; Linux only).
@@ -124,8 +124,8 @@ const fn config(k: u8) -> TileConfig {
     TileConfig(c)
 }
 
-/// Q4_K: one sub-block of 32 per instruction.
-static K32: TileConfig = config(32);
+/// Q4_K: 64 values per instruction (scales folded into the weights).
+static K64: TileConfig = config(64);
 /// Q6_K: one sub-block of 16 per instruction.
 static K16: TileConfig = config(16);
 
@@ -201,20 +201,20 @@ unsafe fn pipelined(
     mut tiles: impl FnMut(usize, *mut CTiles),
     mut finish: impl FnMut(usize, &CTiles),
 ) {
-    let mut c = [
-        CTiles([[[0; 16]; ROWS]; 4]),
-        CTiles([[[0; 16]; ROWS]; 4]),
-    ];
-    let cp = c.as_mut_ptr();
-    // SAFETY: u % 2 < 2; step u's buffer is only read after its tiles were stored, and
-    // written again (step u + 2) only after `finish(u)` returned.
+    const DEPTH: usize = 3;
+    let mut c: [core::mem::MaybeUninit<CTiles>; DEPTH] = [const { core::mem::MaybeUninit::uninit() }; DEPTH];
+    let cp = c.as_mut_ptr() as *mut CTiles;
+    // SAFETY: indices are taken mod DEPTH; step u's buffer is only read after its tiles were stored, and
+    // written again (step u + DEPTH) only after `finish(u)` returned.
     unsafe {
-        tiles(0, cp);
+        for u in 0..(DEPTH - 1).min(units) {
+            tiles(u, cp.add(u % DEPTH));
+        }
         for u in 0..units {
-            if u + 1 < units {
-                tiles(u + 1, cp.add((u + 1) % 2));
+            if u + DEPTH - 1 < units {
+                tiles(u + DEPTH - 1, cp.add((u + DEPTH - 1) % DEPTH));
             }
-            finish(u, &*cp.add(u % 2));
+            finish(u, &*cp.add(u % DEPTH));
         }
     }
 }
@@ -248,72 +248,136 @@ fn sums(c: &CTiles, i: usize, t: usize) -> __m512 {
     _mm512_cvtepi32_ps(unsafe { _mm512_load_si512(c.0[i][t].as_ptr() as *const _) })
 }
 
-/// Q4_K against Q8_K, `tiles` A tiles of 16 tokens: `packed512::k45`'s arithmetic (the
-/// high nibbles used as `16 q`, their scales divided by 16; two halves of four
-/// sub-blocks summed exactly in f32), with the integer sub-block sums from the tile unit.
-/// A step is one half-block of one A tile.
+/// One block of Q4_K for one A tile, `tdpbsud` with K = 64: C tile `$cl` (zeroed) +=
+/// Σ_c A(`a + 64c`) · B(`bl + 16c` lines) and `$ch` likewise from `bh`; both stored at
+/// `c` (tiles 0 and 1).
+macro_rules! q4_k_block {
+    ($cl:literal, $ch:literal, $a:expr, $bl:expr, $bh:expr, $c:expr) => {{
+        let (a, bl, bh): (*const u8, *const u8, *const u8) = ($a, $bl, $bh);
+        let c: *mut CTiles = $c;
+        asm!(
+            concat!("tilezero tmm", $cl),
+            concat!("tilezero tmm", $ch),
+            options(nostack, nomem),
+        );
+        for w in 0..4 {
+            asm!(
+                "tileloadd tmm4, [{a} + {s}*1]",
+                "tileloadd tmm5, [{bl} + {l}*1]",
+                "tileloadd tmm7, [{bh} + {l}*1]",
+                concat!("tdpbsud tmm", $cl, ", tmm4, tmm5"),
+                concat!("tdpbsud tmm", $ch, ", tmm4, tmm7"),
+                a = in(reg) a.add(64 * w),
+                s = in(reg) 256usize,
+                bl = in(reg) bl.add(w * 16 * 64),
+                bh = in(reg) bh.add(w * 16 * 64),
+                l = in(reg) 64usize,
+                options(nostack, readonly),
+            );
+        }
+        asm!(
+            concat!("tilestored [{c0} + {l}*1], tmm", $cl),
+            concat!("tilestored [{c1} + {l}*1], tmm", $ch),
+            c0 = in(reg) (*c).0[0].as_mut_ptr(),
+            c1 = in(reg) (*c).0[1].as_mut_ptr(),
+            l = in(reg) 64usize,
+            options(nostack),
+        );
+    }};
+}
+
+/// Q4_K against Q8_K, `tiles` A tiles of 16 tokens, a whole block per step. Each
+/// sub-block scale `sc` (six bits) is split as `sl + 16 sh` (`sl` < 16, `sh` < 4) and
+/// folded into the unpacked weights: `q·sl` and `q·sh` still fit a byte (≤ 225), so two
+/// C tiles accumulate a block's Σ q·sl·a and Σ q·sh·a over all 256 values, and
+/// `C_l + 16 C_h` is the block's exact integer Σ_j sc_j Σ q a, converted to f32 once as
+/// `portable::dot_q4_k` does. The mins and float steps are `packed512::k45_end`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4_k(p: &Tile, tiles: usize) {
-    let m4 = _mm512_set1_epi8(0xF);
-    let sc_sec = k45_sections::<false>(p)[1];
     let nb = p.nb;
-    with_unpacked(nb * 64, |bw| {
+    // Two slots (blocks b and b + 1) of 128 lines: the q·sl lines, then the q·sh lines;
+    // each 4 windows of 16 lines (the low nibbles of line pair c for sub-block 2c, then
+    // the high ones for 2c + 1).
+    with_unpacked(2 * 128, |bw| {
+        let slots = bw.as_mut_ptr();
         // SAFETY: tile data granted (the caller's contract); every pointer stays inside
         // the group, `bw` and the 16·tiles tokens' activation rows, prep entries and
         // output rows.
         unsafe {
-            configure(&K32);
+            configure(&K64);
             zero_out(p, tiles * ROWS);
-            // Block b's sub-block j is lines 64b + 8j..+8: the low nibbles of line pair
-            // c = j / 2 for even j, the high nibbles (as 16 q) for odd j.
-            for b in 0..nb {
-                for cc in 0..4 {
-                    for kk in 0..8 {
-                        let v = load512(p.w.add(b * 2048 + (cc * 8 + kk) * 64));
-                        let lo = bw[64 * b + 16 * cc + kk].0.as_mut_ptr() as *mut __m512i;
-                        _mm512_store_si512(lo, _mm512_and_si512(v, m4));
-                        _mm512_store_si512(lo.add(8), _mm512_andnot_si512(m4, v));
-                    }
-                }
-            }
-            let bw = bw.as_ptr() as *const u8;
-            let step = |u: usize| (u / (2 * tiles), (u / 2) % tiles, u % 2);
-            let mut kept = [_mm512_setzero_ps(); ROWS];
+            // A step is one block of one A tile: blocks outer, so a block's unpacked
+            // weights stay in L1 while its activation tiles stream in order. The next
+            // block is unpacked a block ahead: tile loads of lines just stored wait for
+            // the stores to drain.
+            q4_k_unpack(p, 0, slots);
             pipelined(
-                2 * nb * tiles,
+                nb * tiles,
                 |u, c| {
-                    let (b, tt, h) = step(u);
-                    let a = p.tiles16.add((tt * nb + b) * ROWS * 256 + 128 * h);
-                    let bh = bw.add((64 * b + 32 * h) * 64);
-                    four_sub_blocks!("tdpbsud", a, 256, 32, bh, c);
+                    let (b, tt) = (u / tiles, u % tiles);
+                    let slot = slots.add(128 * (b % 2));
+                    if tt == 0 && b + 1 < nb {
+                        q4_k_unpack(p, b + 1, slots.add(128 * ((b + 1) % 2)));
+                    }
+                    let a = p.tiles16.add(b * p.tiles16_block + tt * ROWS * 256);
+                    let bl = slot as *const u8;
+                    let bh = bl.add(64 * 64);
+                    // Alternate C tiles, so a step's products need not wait for the
+                    // previous step's tiles to be stored.
+                    if u % 2 == 0 {
+                        q4_k_block!(0, 1, a, bl, bh, c);
+                    } else {
+                        q4_k_block!(2, 3, a, bl, bh, c);
+                    }
                 },
                 |u, c| {
-                    let (b, tt, h) = step(u);
-                    let sc: [__m512; 4] = core::array::from_fn(|i| {
-                        let j = 4 * h + i;
-                        let at = sc_sec + b * 128 + j * 16;
-                        let s = _mm512_cvtepi32_ps(bytes16::<false>(p.w.add(at)));
-                        if j % 2 == 1 {
-                            _mm512_mul_ps(s, _mm512_set1_ps(1.0 / 16.0))
-                        } else {
-                            s
-                        }
-                    });
-                    let end = (h == 1).then(|| k45_end_of::<false>(p, b));
-                    for (t, kt) in kept.iter_mut().enumerate() {
-                        let mut part = _mm512_mul_ps(sc[0], sums(c, 0, t));
-                        for i in 1..4 {
-                            part = _mm512_fmadd_ps(sc[i], sums(c, i, t), part);
-                        }
-                        match &end {
-                            None => *kt = part,
-                            Some(e) => k45_end(p, e, b, tt * ROWS + t, _mm512_add_ps(*kt, part)),
-                        }
+                    let (b, tt) = (u / tiles, u % tiles);
+                    let end = k45_end_of::<false>(p, b);
+                    for t in 0..ROWS {
+                        // SAFETY: 64-byte rows of `c`.
+                        let (l, h) = (
+                            _mm512_load_si512(c.0[0][t].as_ptr() as *const _),
+                            _mm512_load_si512(c.0[1][t].as_ptr() as *const _),
+                        );
+                        let isum = _mm512_add_epi32(l, _mm512_slli_epi32(h, 4));
+                        k45_end(p, &end, b, tt * ROWS + t, _mm512_cvtepi32_ps(isum));
                     }
                 },
             );
         }
     })
+}
+
+/// Block `b` of a Q4_K group as `q4_k`'s B tiles, into the 128 lines at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q4_k_unpack(p: &Tile, b: usize, out: *mut Line) {
+    let m4 = _mm512_set1_epi8(0xF);
+    let sc_sec = k45_sections::<false>(p)[1];
+    // SAFETY: block b of the group (the caller's contract); 128 lines at `out`.
+    unsafe {
+        // Sub-block j's sl and sh in both 16-bit halves of row r's lane: a 16-bit
+        // multiply scales a byte pair without a carry between them.
+        let sc: [__m512i; 8] =
+            core::array::from_fn(|j| bytes16::<false>(p.w.add(sc_sec + b * 128 + j * 16)));
+        let pair = |x: __m512i| _mm512_or_si512(x, _mm512_slli_epi32(x, 16));
+        let sl = sc.map(|x| pair(_mm512_and_si512(x, _mm512_set1_epi32(15))));
+        let sh = sc.map(|x| pair(_mm512_srli_epi32(x, 4)));
+        for cc in 0..4 {
+            for kk in 0..8 {
+                let v = load512(p.w.add(b * 2048 + (cc * 8 + kk) * 64));
+                let lo = _mm512_and_si512(v, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                let at = |part: usize, half: usize| {
+                    out.add(64 * part + 16 * cc + 8 * half + kk) as *mut __m512i
+                };
+                _mm512_store_si512(at(0, 0), _mm512_mullo_epi16(lo, sl[2 * cc]));
+                _mm512_store_si512(at(0, 1), _mm512_mullo_epi16(hi, sl[2 * cc + 1]));
+                _mm512_store_si512(at(1, 0), _mm512_mullo_epi16(lo, sh[2 * cc]));
+                _mm512_store_si512(at(1, 1), _mm512_mullo_epi16(hi, sh[2 * cc + 1]));
+            }
+        }
+    }
 }
 
 /// Q6_K against Q8_K, `tiles` A tiles of 16 tokens: the weights unpacked to signed
@@ -325,36 +389,37 @@ unsafe fn q6_k(p: &Tile, tiles: usize) {
     let (sc_sec, d_sec) = (p.sec[2], p.sec[3]);
     let m32 = _mm512_set1_epi8(32);
     let nb = p.nb;
-    with_unpacked(nb * 64, |bw| {
+    // Two slots (blocks b and b + 1) of 64 lines; line q holds quad q (sub-block s is
+    // lines 4s..4s+4).
+    with_unpacked(2 * 64, |bw| {
+        let slots = bw.as_mut_ptr();
         // SAFETY: as in `q4_k`.
         unsafe {
             configure(&K16);
             zero_out(p, tiles * ROWS);
-            // Block b's line 64b + q holds quad q (sub-block s is lines 4s..4s+4).
-            for b in 0..nb {
-                macro_rules! unpack_quarter {
-                    ($m:literal) => {
-                        for q in 16 * $m..16 * $m + 16 {
-                            let w = _mm512_sub_epi8(q6_k_quad::<$m>(p, b, q), m32);
-                            let at = bw[64 * b + q].0.as_mut_ptr() as *mut __m512i;
-                            _mm512_store_si512(at, w);
-                        }
-                    };
-                }
-                unpack_quarter!(0);
-                unpack_quarter!(1);
-                unpack_quarter!(2);
-                unpack_quarter!(3);
-            }
-            let bw = bw.as_ptr() as *const u8;
             let step = |u: usize| (u / (4 * tiles), (u / 4) % tiles, u % 4);
             let mut sumi = [_mm512_setzero_si512(); ROWS];
             pipelined(
                 4 * nb * tiles,
                 |u, c| {
                     let (b, tt, quarter) = step(u);
-                    let a = p.tiles16.add((tt * nb + b) * ROWS * 256 + 64 * quarter);
-                    let bq = bw.add((64 * b + 16 * quarter) * 64);
+                    let slot = slots.add(64 * (b % 2));
+                    if tt == 0 && quarter == 0 {
+                        macro_rules! unpack_quarter {
+                            ($m:literal) => {
+                                for q in 16 * $m..16 * $m + 16 {
+                                    let w = _mm512_sub_epi8(q6_k_quad::<$m>(p, b, q), m32);
+                                    _mm512_store_si512(slot.add(q) as *mut __m512i, w);
+                                }
+                            };
+                        }
+                        unpack_quarter!(0);
+                        unpack_quarter!(1);
+                        unpack_quarter!(2);
+                        unpack_quarter!(3);
+                    }
+                    let a = p.tiles16.add(b * p.tiles16_block + tt * ROWS * 256 + 64 * quarter);
+                    let bq = (slot as *const u8).add(16 * quarter * 64);
                     four_sub_blocks!("tdpbssd", a, 256, 16, bq, c);
                 },
                 |u, c| {
