@@ -329,6 +329,7 @@ fn kernel_set_is_named() {
         "avx2",
         "avxvnni",
         "avx512vnni",
+        "avx512amx",
         "neon",
         "neon-dotprod",
         "neon-i8mm",

@@ -34,6 +34,11 @@ fn cpu_features() -> Vec<&'static str> {
             "avx512bf16",
             "avxvnni"
         );
+        // AMX needs the OS's permission as well as the CPU bit (std cannot detect it
+        // on stable): listed when the AMX kernel set can run here.
+        if llamay_kernels::KernelSet::Avx512Amx.is_available() {
+            f.push("amx-int8");
+        }
     }
     #[cfg(target_arch = "aarch64")]
     {
