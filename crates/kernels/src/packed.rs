@@ -810,7 +810,11 @@ unsafe fn run_tile(
             KernelSet::Avx512Amx => {
                 // Whole 16-token tiles on the tile unit, the rest on AVX-512 VNNI.
                 use crate::x86::{amx, packed512};
-                let full = if tile_args.tiles16.is_null() { 0 } else { amx::tokens(p.ty, m) };
+                let full = if tile_args.tiles16.is_null() {
+                    0
+                } else {
+                    amx::tokens(p.ty, m)
+                };
                 if full > 0 {
                     amx::tile(p.ty, full, &tile_args);
                 }

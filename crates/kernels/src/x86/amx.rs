@@ -124,10 +124,8 @@ const fn config(k: u8) -> TileConfig {
     TileConfig(c)
 }
 
-/// Q4_K: 64 values per instruction (scales folded into the weights).
+/// 64 values per instruction (the scales folded into the unpacked weights).
 static K64: TileConfig = config(64);
-/// Q6_K: one sub-block of 16 per instruction.
-static K16: TileConfig = config(16);
 
 /// Loads `cfg` into this thread's tile configuration.
 ///
@@ -148,49 +146,6 @@ thread_local! {
     static UNPACKED: core::cell::RefCell<Vec<Line>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
-/// Four sub-blocks against one A tile: C tile `i` (zeroed) += A(`a + i·k` bytes, token
-/// rows `a_stride` apart) · B(`b + i·k/4` lines), then the four C tiles stored at `c`.
-/// `$dp` is `tdpbsud` (signed activations × unsigned weights) or `tdpbssd`.
-macro_rules! four_sub_blocks {
-    ($dp:literal, $a:expr, $a_stride:expr, $k:expr, $b:expr, $c:expr) => {{
-        let (a, stride, k, b): (*const u8, usize, usize, *const u8) = ($a, $a_stride, $k, $b);
-        let c: *mut CTiles = $c;
-        macro_rules! one {
-            ($i:literal, $ta:literal, $tb:literal) => {
-                asm!(
-                    concat!("tilezero tmm", $i),
-                    concat!("tileloadd tmm", $ta, ", [{a} + {s}*1]"),
-                    concat!("tileloadd tmm", $tb, ", [{b} + {l}*1]"),
-                    concat!($dp, " tmm", $i, ", tmm", $ta, ", tmm", $tb),
-                    a = in(reg) a.add($i * k),
-                    s = in(reg) stride,
-                    b = in(reg) b.add($i * k * 16),
-                    l = in(reg) 64usize,
-                    options(nostack, readonly),
-                )
-            };
-        }
-        one!(0, 4, 5);
-        one!(1, 6, 7);
-        one!(2, 4, 5);
-        one!(3, 6, 7);
-        macro_rules! store {
-            ($i:literal) => {
-                asm!(
-                    concat!("tilestored [{c} + {l}*1], tmm", $i),
-                    c = in(reg) (*c).0[$i].as_mut_ptr(),
-                    l = in(reg) 64usize,
-                    options(nostack),
-                )
-            };
-        }
-        store!(0);
-        store!(1);
-        store!(2);
-        store!(3);
-    }};
-}
-
 /// Runs `units` steps as a two-stage pipeline: the tile unit computes step `u + 1` into
 /// one buffer of C tiles while the vector units finish step `u` from the other (the
 /// tile stores and the float work of one step would otherwise wait on each other).
@@ -202,7 +157,8 @@ unsafe fn pipelined(
     mut finish: impl FnMut(usize, &CTiles),
 ) {
     const DEPTH: usize = 3;
-    let mut c: [core::mem::MaybeUninit<CTiles>; DEPTH] = [const { core::mem::MaybeUninit::uninit() }; DEPTH];
+    let mut c: [core::mem::MaybeUninit<CTiles>; DEPTH] =
+        [const { core::mem::MaybeUninit::uninit() }; DEPTH];
     let cp = c.as_mut_ptr() as *mut CTiles;
     // SAFETY: indices are taken mod DEPTH; step u's buffer is only read after its tiles were stored, and
     // written again (step u + DEPTH) only after `finish(u)` returned.
@@ -238,14 +194,6 @@ unsafe fn zero_out(p: &Tile, n: usize) {
         // SAFETY: token t's output row (the caller's contract).
         unsafe { _mm512_storeu_ps(p.out.add(t * p.out_stride), _mm512_setzero_ps()) };
     }
-}
-
-/// Token `t`'s sums of C tile `i`, as f32.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-fn sums(c: &CTiles, i: usize, t: usize) -> __m512 {
-    // SAFETY: a 64-byte row of `c`.
-    _mm512_cvtepi32_ps(unsafe { _mm512_load_si512(c.0[i][t].as_ptr() as *const _) })
 }
 
 /// One block of Q4_K for one A tile, `tdpbsud` with K = 64: C tile `$cl` (zeroed) +=
@@ -380,70 +328,157 @@ unsafe fn q4_k_unpack(p: &Tile, b: usize, out: *mut Line) {
     }
 }
 
-/// Q6_K against Q8_K, `tiles` A tiles of 16 tokens: the weights unpacked to signed
-/// `q − 32` (`tdpbssd`), one sub-block of 16 per instruction; scale products summed in
-/// pairs in f32 and the pairs as integers, as `packed512::q6_k`. A step is a quarter
-/// block (four sub-blocks) of one A tile.
+/// One block of Q6_K for one A tile, `tdpbssd` with K = 64: C tile `i` (zeroed) +=
+/// Σ_w A(`a + 64w`) · B(part `i`, window `w`: lines `64i + 16w..`) for the four parts,
+/// then stored at `c`.
+macro_rules! q6_k_block {
+    ($a:expr, $parts:expr, $c:expr) => {{
+        let (a, b): (*const u8, *const u8) = ($a, $parts);
+        let c: *mut CTiles = $c;
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem),
+        );
+        for w in 0..4 {
+            asm!(
+                "tileloadd tmm4, [{a} + {s}*1]",
+                "tileloadd tmm5, [{b0} + {l}*1]",
+                "tileloadd tmm6, [{b1} + {l}*1]",
+                "tileloadd tmm7, [{b2} + {l}*1]",
+                "tdpbssd tmm0, tmm4, tmm5",
+                "tdpbssd tmm1, tmm4, tmm6",
+                "tdpbssd tmm2, tmm4, tmm7",
+                "tileloadd tmm5, [{b3} + {l}*1]",
+                "tdpbssd tmm3, tmm4, tmm5",
+                a = in(reg) a.add(64 * w),
+                s = in(reg) 256usize,
+                b0 = in(reg) b.add((16 * w) * 64),
+                b1 = in(reg) b.add((64 + 16 * w) * 64),
+                b2 = in(reg) b.add((128 + 16 * w) * 64),
+                b3 = in(reg) b.add((192 + 16 * w) * 64),
+                l = in(reg) 64usize,
+                options(nostack, readonly),
+            );
+        }
+        asm!(
+            "tilestored [{c0} + {l}*1], tmm0",
+            "tilestored [{c1} + {l}*1], tmm1",
+            "tilestored [{c2} + {l}*1], tmm2",
+            "tilestored [{c3} + {l}*1], tmm3",
+            c0 = in(reg) (*c).0[0].as_mut_ptr(),
+            c1 = in(reg) (*c).0[1].as_mut_ptr(),
+            c2 = in(reg) (*c).0[2].as_mut_ptr(),
+            c3 = in(reg) (*c).0[3].as_mut_ptr(),
+            l = in(reg) 64usize,
+            options(nostack),
+        );
+    }};
+}
+
+/// Q6_K against Q8_K, `tiles` A tiles of 16 tokens, a whole block per step. Each
+/// sub-block scale `sc` (signed byte) is written in base 4 as `e0 + 4 e1 + 16 e2 +
+/// 64 (e3 − 2)` (`e_i` in 0..=3) and folded into the unpacked weights: part `i` holds
+/// `(q − 32)·e_i` (`(q − 32)(e3 − 2)` for part 3), each a signed byte, so four C tiles
+/// accumulate a block over all 256 values with `tdpbssd`, and `C0 + 4 C1 + 16 C2 +
+/// 64 C3` is the block's exact integer Σ sc (q − 32) a, as `portable::dot_q6_k` sums
+/// it. The float step is `packed512::q6_k_end`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_k(p: &Tile, tiles: usize) {
-    let (sc_sec, d_sec) = (p.sec[2], p.sec[3]);
-    let m32 = _mm512_set1_epi8(32);
-    let nb = p.nb;
-    // Two slots (blocks b and b + 1) of 64 lines; line q holds quad q (sub-block s is
-    // lines 4s..4s+4).
-    with_unpacked(2 * 64, |bw| {
+    let (nb, d_sec) = (p.nb, p.sec[3]);
+    // Two slots (blocks b and b + 1) of four parts of 64 lines; line q of a part holds
+    // quad q (so window w of a part, 64 values, is lines 16w..16w+16).
+    with_unpacked(2 * 256, |bw| {
         let slots = bw.as_mut_ptr();
         // SAFETY: as in `q4_k`.
         unsafe {
-            configure(&K16);
+            configure(&K64);
             zero_out(p, tiles * ROWS);
-            let step = |u: usize| (u / (4 * tiles), (u / 4) % tiles, u % 4);
-            let mut sumi = [_mm512_setzero_si512(); ROWS];
+            q6_k_unpack(p, 0, slots);
             pipelined(
-                4 * nb * tiles,
+                nb * tiles,
                 |u, c| {
-                    let (b, tt, quarter) = step(u);
-                    let slot = slots.add(64 * (b % 2));
-                    if tt == 0 && quarter == 0 {
-                        macro_rules! unpack_quarter {
-                            ($m:literal) => {
-                                for q in 16 * $m..16 * $m + 16 {
-                                    let w = _mm512_sub_epi8(q6_k_quad::<$m>(p, b, q), m32);
-                                    _mm512_store_si512(slot.add(q) as *mut __m512i, w);
-                                }
-                            };
-                        }
-                        unpack_quarter!(0);
-                        unpack_quarter!(1);
-                        unpack_quarter!(2);
-                        unpack_quarter!(3);
+                    let (b, tt) = (u / tiles, u % tiles);
+                    if tt == 0 && b + 1 < nb {
+                        q6_k_unpack(p, b + 1, slots.add(256 * ((b + 1) % 2)));
                     }
-                    let a = p.tiles16.add(b * p.tiles16_block + tt * ROWS * 256 + 64 * quarter);
-                    let bq = (slot as *const u8).add(16 * quarter * 64);
-                    four_sub_blocks!("tdpbssd", a, 256, 16, bq, c);
+                    let a = p.tiles16.add(b * p.tiles16_block + tt * ROWS * 256);
+                    q6_k_block!(a, slots.add(256 * (b % 2)) as *const u8, c);
                 },
                 |u, c| {
-                    let (b, tt, quarter) = step(u);
-                    let sc: [__m512; 4] = core::array::from_fn(|i| {
-                        let at = sc_sec + b * 256 + (4 * quarter + i) * 16;
-                        _mm512_cvtepi32_ps(bytes16::<true>(p.w.add(at)))
-                    });
-                    for (t, sm) in sumi.iter_mut().enumerate() {
-                        let p0 =
-                            _mm512_fmadd_ps(sc[1], sums(c, 1, t), _mm512_mul_ps(sc[0], sums(c, 0, t)));
-                        let p1 =
-                            _mm512_fmadd_ps(sc[3], sums(c, 3, t), _mm512_mul_ps(sc[2], sums(c, 2, t)));
-                        let pair = _mm512_add_epi32(_mm512_cvtps_epi32(p0), _mm512_cvtps_epi32(p1));
-                        *sm = if quarter == 0 { pair } else { _mm512_add_epi32(*sm, pair) };
-                    }
-                    if quarter == 3 {
-                        let d = scales16(p.w.add(d_sec + b * 32));
-                        for (t, sm) in sumi.iter().enumerate() {
-                            q6_k_end(p, d, b, tt * ROWS + t, *sm);
-                        }
+                    let (b, tt) = (u / tiles, u % tiles);
+                    let d = scales16(p.w.add(d_sec + b * 32));
+                    for t in 0..ROWS {
+                        // SAFETY: 64-byte rows of `c`.
+                        let part = |i: usize| _mm512_load_si512(c.0[i][t].as_ptr() as *const _);
+                        let hi = _mm512_add_epi32(part(2), _mm512_slli_epi32(part(3), 2));
+                        let lo = _mm512_add_epi32(part(0), _mm512_slli_epi32(part(1), 2));
+                        let isum = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 4));
+                        q6_k_end(p, d, b, tt * ROWS + t, isum);
                     }
                 },
             );
         }
     })
+}
+
+/// Block `b` of a Q6_K group as `q6_k`'s four parts of B tiles, into the 256 lines at
+/// `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q6_k_unpack(p: &Tile, b: usize, out: *mut Line) {
+    let sc_sec = p.sec[2];
+    // SAFETY: block b of the group (the caller's contract); 256 lines at `out`.
+    unsafe {
+        for s in 0..16 {
+            // Row r's digits of sc + 128 (so e3 − 2 is the top signed digit), each in
+            // all four bytes of the row's lane: e_i for the 16-bit multiply (no carry:
+            // q·e ≤ 189), and the byte offset that turns q·e_i into (q − 32)·e_i (part
+            // 3: (q − 32)(e3 − 2) = q·e3 − 2q − 32 e3 + 64).
+            let u = _mm512_xor_si512(
+                bytes16::<false>(p.w.add(sc_sec + b * 256 + s * 16)),
+                _mm512_set1_epi32(0x80),
+            );
+            let digit = |i: usize| {
+                let e = _mm512_and_si512(_mm512_srli_epi32(u, 0), _mm512_set1_epi32(3));
+                let e = match i {
+                    0 => e,
+                    1 => _mm512_and_si512(_mm512_srli_epi32(u, 2), _mm512_set1_epi32(3)),
+                    2 => _mm512_and_si512(_mm512_srli_epi32(u, 4), _mm512_set1_epi32(3)),
+                    _ => _mm512_srli_epi32(u, 6),
+                };
+                // In both 16-bit halves (the multiplier) and in all four bytes.
+                let words = _mm512_or_si512(e, _mm512_slli_epi32(e, 16));
+                (words, _mm512_or_si512(words, _mm512_slli_epi32(words, 8)))
+            };
+            let e: [(__m512i, __m512i); 4] = [digit(0), digit(1), digit(2), digit(3)];
+            let k = |i: usize| {
+                let base = _mm512_set1_epi8(if i == 3 { 64 } else { 0 });
+                _mm512_sub_epi8(base, _mm512_slli_epi16(e[i].1, 5))
+            };
+            let ks: [__m512i; 4] = [k(0), k(1), k(2), k(3)];
+            macro_rules! quads {
+                ($m:literal) => {
+                    for q in 4 * s..4 * s + 4 {
+                        let w = q6_k_quad::<$m>(p, b, q);
+                        for i in 0..4 {
+                            let mut v = _mm512_add_epi8(_mm512_mullo_epi16(w, e[i].0), ks[i]);
+                            if i == 3 {
+                                v = _mm512_sub_epi8(v, _mm512_add_epi8(w, w));
+                            }
+                            _mm512_store_si512(out.add(64 * i + q) as *mut __m512i, v);
+                        }
+                    }
+                };
+            }
+            match s / 4 {
+                0 => quads!(0),
+                1 => quads!(1),
+                2 => quads!(2),
+                _ => quads!(3),
+            }
+        }
+    }
 }
