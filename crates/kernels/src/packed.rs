@@ -789,7 +789,7 @@ unsafe fn run_tile(
         prep_stride: prep.blocks,
         out: out.wrapping_add(t * p.rows + g * GROUP_ROWS),
         out_stride: p.rows,
-        tiles16: if t % 16 == 0 && (t + 16) * 256 * nb <= prep.tiles16.len() * 64 {
+        tiles16: if t.is_multiple_of(16) && (t + 16) * 256 * nb <= prep.tiles16.len() * 64 {
             prep.tiles16[t * 4..].as_ptr() as *const u8
         } else {
             std::ptr::null()
