@@ -29,7 +29,7 @@ const ROWS: usize = 16;
 
 /// Most tokens per call: the block's weights are unpacked once and used by up to four
 /// A tiles.
-pub(crate) const TILE: usize = 16 * ROWS;
+pub(crate) const TILE: usize = 4 * ROWS;
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 and the OS lets this process use the tile
 /// data state (requested here, once; Linux only).
