@@ -671,8 +671,10 @@ pub(crate) struct Tile {
     pub out_stride: usize,
     /// Where `ActPrep::tiles16` holds block 0 of the first token's group of 16 (null
     /// when the first token does not start one, or there are none); block b is
-    /// `b · tiles16_block` bytes on.
+    /// `b · tiles16_block` bytes on. Read by the AMX kernels only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub tiles16: *const u8,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub tiles16_block: usize,
 }
 

@@ -1,19 +1,21 @@
-//! AMX (tile matrix multiply, Sapphire Rapids and later) prefill kernels over the packed
-//! layout. The packed layout is already what AMX's second operand wants: a line holds
-//! four consecutive weights of each of 16 rows, which is a row of a "VNNI-layout" B
-//! tile. One `tdpbsud`/`tdpbssd` multiplies 16 tokens' activations (an A tile read in
-//! place, one token per row) by one sub-block of 16 weight rows, leaving the 16 × 16
-//! integer sums in a C tile; a sub-block per instruction keeps the K-quant scales
-//! outside the integer sums, as the VNNI kernels do.
+//! AMX (tile matrix multiply, Sapphire Rapids and later) prefill kernels for Q4_K and
+//! Q6_K over the packed layout. The packed layout is already what AMX's second operand
+//! wants: a line holds four consecutive weights of each of 16 rows, which is a row of a
+//! "VNNI-layout" B tile. One `tdpbsud`/`tdpbssd` multiplies 16 tokens' activations (an
+//! A tile: one token's 64 bytes per row, from `ActPrep::tiles16`) by 64 values of 16
+//! weight rows, adding the 16 × 16 integer sums into a C tile.
 //!
-//! Numerics are `packed512`'s: each sub-block's integer sums are exact, are scaled in
-//! f32 where every product and partial sum is an exact integer (see `packed512::k45`
-//! and `packed512::q6_k` for the bounds), and the block ends are the same functions.
-//! So results are bit-identical to the portable kernels.
+//! A C tile can only sum across sub-blocks if their scales are inside the integers, so
+//! each block is unpacked with its sub-block scales folded in, split into pieces that
+//! keep every weight a byte (Q4_K: `sc = sl + 16 sh`; Q6_K: base-4 digits of `sc + 128`),
+//! one C tile per piece; the block's integer sum `Σ_j sc_j Σ q a` is then recombined
+//! exactly with shifts and adds, converted to f32 once, and finished by the VNNI
+//! kernels' block ends (`packed512::k45_end`, `q6_k_end`). So the results are
+//! bit-identical to the portable kernels.
 //!
 //! Tile state: the OS grants it per process (`tile_data_granted` asks Linux once); the
 //! tile configuration is per thread and is loaded at the start of every call (a call
-//! is 16 rows × 16–64 tokens × a whole row, so the `ldtilecfg` is noise).
+//! is 16 rows × up to 64 tokens × a whole row, so the `ldtilecfg` is noise).
 
 use crate::packed::{Line, Tile};
 use crate::x86::packed512::{
@@ -102,39 +104,33 @@ pub(crate) unsafe fn tile(ty: GgmlType, m: usize, t: &Tile) {
     }
 }
 
-/// A tile configuration (palette 1): tmm0–3 are 16 × 16 i32 C tiles; tmm4 and tmm6 are
-/// A tiles of 16 tokens × `k` bytes; tmm5 and tmm7 are B tiles of `k / 4` lines.
+/// The tile configuration (palette 1): all eight tiles 16 rows × 64 bytes: tmm0–3
+/// hold 16 × 16 i32 sums (C), the others 16 tokens × 64 activation bytes (A) or 16
+/// lines of unpacked weights (B), 64 values per product.
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
-const fn config(k: u8) -> TileConfig {
+static TILES_16X64: TileConfig = {
     let mut c = [0u8; 64];
     c[0] = 1;
     let mut i = 0;
     while i < 8 {
-        let (rows, colsb) = match i {
-            0..=3 => (16, 64),
-            4 | 6 => (16, k),
-            _ => (k / 4, 64),
-        };
-        c[16 + 2 * i] = colsb;
-        c[48 + i] = rows;
+        c[16 + 2 * i] = 64;
+        c[48 + i] = 16;
         i += 1;
     }
     TileConfig(c)
-}
+};
 
-/// 64 values per instruction (the scales folded into the unpacked weights).
-static K64: TileConfig = config(64);
-
-/// Loads `cfg` into this thread's tile configuration.
+/// Loads `TILES_16X64` into this thread's tile configuration.
 ///
 /// # Safety
 /// `tile_data_granted()`.
 #[inline]
-unsafe fn configure(cfg: &TileConfig) {
+unsafe fn configure() {
     // SAFETY: a valid palette-1 configuration of 64 readable bytes.
-    unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+    let cfg = TILES_16X64.0.as_ptr();
+    unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg, options(nostack, readonly)) };
 }
 
 /// Four stored C tiles: `[tile][token][row]`.
@@ -142,35 +138,43 @@ unsafe fn configure(cfg: &TileConfig) {
 struct CTiles([[[i32; 16]; ROWS]; 4]);
 
 thread_local! {
-    /// The unpacked weights of the group a call works on (B tiles, 64-byte lines).
+    /// A call's scratch: the unpacked weights (B tiles) of two blocks and the C-tile
+    /// buffers, in 64-byte lines (zeroed when first grown).
     static UNPACKED: core::cell::RefCell<Vec<Line>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `units` steps as a two-stage pipeline: the tile unit computes step `u + 1` into
-/// one buffer of C tiles while the vector units finish step `u` from the other (the
-/// tile stores and the float work of one step would otherwise wait on each other).
-/// `tiles(u, c)` issues step u's tile work into `c`; `finish(u, c)` consumes it.
+/// C-tile buffers in flight.
+const DEPTH: usize = 3;
+
+/// Lines of one `CTiles`.
+const CTILE_LINES: usize = size_of::<CTiles>() / 64;
+
+/// Runs `units` steps as a pipeline `DEPTH` deep: the tile unit computes step
+/// `u + DEPTH − 1` into one of the `DEPTH` C-tile buffers at `c` while the vector units
+/// finish step `u` from another (the tile stores and the float work of one step would
+/// otherwise wait on each other). `tiles(u, c)` issues step u's tile work into `c`;
+/// `finish(u, c)` consumes it.
+///
+/// # Safety
+/// `c` points to `DEPTH` initialised `CTiles`; `tiles` stores every tile `finish` reads.
 #[inline(always)]
 unsafe fn pipelined(
     units: usize,
+    c: *mut CTiles,
     mut tiles: impl FnMut(usize, *mut CTiles),
     mut finish: impl FnMut(usize, &CTiles),
 ) {
-    const DEPTH: usize = 3;
-    let mut c: [core::mem::MaybeUninit<CTiles>; DEPTH] =
-        [const { core::mem::MaybeUninit::uninit() }; DEPTH];
-    let cp = c.as_mut_ptr() as *mut CTiles;
-    // SAFETY: indices are taken mod DEPTH; step u's buffer is only read after its tiles were stored, and
-    // written again (step u + DEPTH) only after `finish(u)` returned.
+    // SAFETY: indices are taken mod DEPTH; step u's buffer is read after its tiles were
+    // stored, and written again (step u + DEPTH) only after `finish(u)` returned.
     unsafe {
         for u in 0..(DEPTH - 1).min(units) {
-            tiles(u, cp.add(u % DEPTH));
+            tiles(u, c.add(u % DEPTH));
         }
         for u in 0..units {
             if u + DEPTH - 1 < units {
-                tiles(u + DEPTH - 1, cp.add((u + DEPTH - 1) % DEPTH));
+                tiles(u + DEPTH - 1, c.add((u + DEPTH - 1) % DEPTH));
             }
-            finish(u, &*cp.add(u % DEPTH));
+            finish(u, &*c.add(u % DEPTH));
         }
     }
 }
@@ -183,6 +187,49 @@ fn with_unpacked<R>(n: usize, f: impl FnOnce(&mut [Line]) -> R) -> R {
             v.resize(n, Line([0; 64]));
         }
         f(&mut v[..n])
+    })
+}
+
+/// The frame of both kernels: zeroes the output rows, then runs one step per (block
+/// `b`, A tile `tt`), blocks outer, so that a block's unpacked weights stay in L1 while
+/// its activation tiles stream in order. Blocks are unpacked one ahead, into the other
+/// of two slots of `lines` lines (tile loads of lines just stored would wait for the
+/// stores to drain). `tile_work(u, b, tt, slot, c)` issues a step's tile work into `c`,
+/// `finish(b, tt, c)` its vector work (see `pipelined`).
+///
+/// # Safety
+/// `tile_data_granted()`; the closures' accesses suit `p` (the kernels' contract).
+#[inline(always)]
+unsafe fn block_steps(
+    p: &Tile,
+    tiles: usize,
+    lines: usize,
+    unpack: impl Fn(usize, *mut Line),
+    mut tile_work: impl FnMut(usize, usize, usize, *const u8, *mut CTiles),
+    mut finish: impl FnMut(usize, usize, &CTiles),
+) {
+    let nb = p.nb;
+    with_unpacked(2 * lines + DEPTH * CTILE_LINES, |bw| {
+        let slots = bw.as_mut_ptr();
+        // SAFETY: the caller's contract; both slots and the C buffers (64-byte aligned
+        // lines, initialised) lie in `bw`.
+        unsafe {
+            configure();
+            zero_out(p, tiles * ROWS);
+            unpack(0, slots);
+            pipelined(
+                nb * tiles,
+                slots.add(2 * lines) as *mut CTiles,
+                |u, c| {
+                    let (b, tt) = (u / tiles, u % tiles);
+                    if tt == 0 && b + 1 < nb {
+                        unpack(b + 1, slots.add(lines * ((b + 1) % 2)));
+                    }
+                    tile_work(u, b, tt, slots.add(lines * (b % 2)) as *const u8, c);
+                },
+                |u, c| finish(u / tiles, u % tiles, c),
+            );
+        }
     })
 }
 
@@ -242,58 +289,43 @@ macro_rules! q4_k_block {
 /// `portable::dot_q4_k` does. The mins and float steps are `packed512::k45_end`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4_k(p: &Tile, tiles: usize) {
-    let nb = p.nb;
-    // Two slots (blocks b and b + 1) of 128 lines: the q·sl lines, then the q·sh lines;
-    // each 4 windows of 16 lines (the low nibbles of line pair c for sub-block 2c, then
-    // the high ones for 2c + 1).
-    with_unpacked(2 * 128, |bw| {
-        let slots = bw.as_mut_ptr();
-        // SAFETY: tile data granted (the caller's contract); every pointer stays inside
-        // the group, `bw` and the 16·tiles tokens' activation rows, prep entries and
-        // output rows.
-        unsafe {
-            configure(&K64);
-            zero_out(p, tiles * ROWS);
-            // A step is one block of one A tile: blocks outer, so a block's unpacked
-            // weights stay in L1 while its activation tiles stream in order. The next
-            // block is unpacked a block ahead: tile loads of lines just stored wait for
-            // the stores to drain.
-            q4_k_unpack(p, 0, slots);
-            pipelined(
-                nb * tiles,
-                |u, c| {
-                    let (b, tt) = (u / tiles, u % tiles);
-                    let slot = slots.add(128 * (b % 2));
-                    if tt == 0 && b + 1 < nb {
-                        q4_k_unpack(p, b + 1, slots.add(128 * ((b + 1) % 2)));
-                    }
-                    let a = p.tiles16.add(b * p.tiles16_block + tt * ROWS * 256);
-                    let bl = slot as *const u8;
-                    let bh = bl.add(64 * 64);
-                    // Alternate C tiles, so a step's products need not wait for the
-                    // previous step's tiles to be stored.
-                    if u % 2 == 0 {
-                        q4_k_block!(0, 1, a, bl, bh, c);
-                    } else {
-                        q4_k_block!(2, 3, a, bl, bh, c);
-                    }
-                },
-                |u, c| {
-                    let (b, tt) = (u / tiles, u % tiles);
-                    let end = k45_end_of::<false>(p, b);
-                    for t in 0..ROWS {
-                        // SAFETY: 64-byte rows of `c`.
-                        let (l, h) = (
-                            _mm512_load_si512(c.0[0][t].as_ptr() as *const _),
-                            _mm512_load_si512(c.0[1][t].as_ptr() as *const _),
-                        );
-                        let isum = _mm512_add_epi32(l, _mm512_slli_epi32(h, 4));
-                        k45_end(p, &end, b, tt * ROWS + t, _mm512_cvtepi32_ps(isum));
-                    }
-                },
-            );
-        }
-    })
+    // A slot is 128 lines: the q·sl lines, then the q·sh lines; each 4 windows of 16
+    // lines (the low nibbles of line pair c for sub-block 2c, then the high ones for
+    // 2c + 1).
+    // SAFETY: tile data granted (the caller's contract); every pointer stays inside the
+    // group, the slot and the 16·tiles tokens' activation rows, prep entries and output
+    // rows.
+    unsafe {
+        block_steps(
+            p,
+            tiles,
+            128,
+            |b, slot| q4_k_unpack(p, b, slot),
+            |u, b, tt, slot, c| {
+                let a = p.tiles16.add(b * p.tiles16_block + tt * ROWS * 256);
+                let bh = slot.add(64 * 64);
+                // Alternate C tiles, so a step's products need not wait for the
+                // previous step's tiles to be stored.
+                if u % 2 == 0 {
+                    q4_k_block!(0, 1, a, slot, bh, c);
+                } else {
+                    q4_k_block!(2, 3, a, slot, bh, c);
+                }
+            },
+            |b, tt, c| {
+                let end = k45_end_of::<false>(p, b);
+                for t in 0..ROWS {
+                    // SAFETY: 64-byte rows of `c`.
+                    let (l, h) = (
+                        _mm512_load_si512(c.0[0][t].as_ptr() as *const _),
+                        _mm512_load_si512(c.0[1][t].as_ptr() as *const _),
+                    );
+                    let isum = _mm512_add_epi32(l, _mm512_slli_epi32(h, 4));
+                    k45_end(p, &end, b, tt * ROWS + t, _mm512_cvtepi32_ps(isum));
+                }
+            },
+        );
+    }
 }
 
 /// Block `b` of a Q4_K group as `q4_k`'s B tiles, into the 128 lines at `out`.
@@ -387,41 +419,33 @@ macro_rules! q6_k_block {
 /// it. The float step is `packed512::q6_k_end`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_k(p: &Tile, tiles: usize) {
-    let (nb, d_sec) = (p.nb, p.sec[3]);
-    // Two slots (blocks b and b + 1) of four parts of 64 lines; line q of a part holds
-    // quad q (so window w of a part, 64 values, is lines 16w..16w+16).
-    with_unpacked(2 * 256, |bw| {
-        let slots = bw.as_mut_ptr();
-        // SAFETY: as in `q4_k`.
-        unsafe {
-            configure(&K64);
-            zero_out(p, tiles * ROWS);
-            q6_k_unpack(p, 0, slots);
-            pipelined(
-                nb * tiles,
-                |u, c| {
-                    let (b, tt) = (u / tiles, u % tiles);
-                    if tt == 0 && b + 1 < nb {
-                        q6_k_unpack(p, b + 1, slots.add(256 * ((b + 1) % 2)));
-                    }
-                    let a = p.tiles16.add(b * p.tiles16_block + tt * ROWS * 256);
-                    q6_k_block!(a, slots.add(256 * (b % 2)) as *const u8, c);
-                },
-                |u, c| {
-                    let (b, tt) = (u / tiles, u % tiles);
-                    let d = scales16(p.w.add(d_sec + b * 32));
-                    for t in 0..ROWS {
-                        // SAFETY: 64-byte rows of `c`.
-                        let part = |i: usize| _mm512_load_si512(c.0[i][t].as_ptr() as *const _);
-                        let hi = _mm512_add_epi32(part(2), _mm512_slli_epi32(part(3), 2));
-                        let lo = _mm512_add_epi32(part(0), _mm512_slli_epi32(part(1), 2));
-                        let isum = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 4));
-                        q6_k_end(p, d, b, tt * ROWS + t, isum);
-                    }
-                },
-            );
-        }
-    })
+    let d_sec = p.sec[3];
+    // A slot is four parts of 64 lines; line q of a part holds quad q (so window w of a
+    // part, 64 values, is lines 16w..16w+16).
+    // SAFETY: as in `q4_k`.
+    unsafe {
+        block_steps(
+            p,
+            tiles,
+            256,
+            |b, slot| q6_k_unpack(p, b, slot),
+            |_, b, tt, slot, c| {
+                let a = p.tiles16.add(b * p.tiles16_block + tt * ROWS * 256);
+                q6_k_block!(a, slot, c);
+            },
+            |b, tt, c| {
+                let d = scales16(p.w.add(d_sec + b * 32));
+                for t in 0..ROWS {
+                    // SAFETY: 64-byte rows of `c`.
+                    let part = |i: usize| _mm512_load_si512(c.0[i][t].as_ptr() as *const _);
+                    let hi = _mm512_add_epi32(part(2), _mm512_slli_epi32(part(3), 2));
+                    let lo = _mm512_add_epi32(part(0), _mm512_slli_epi32(part(1), 2));
+                    let isum = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 4));
+                    q6_k_end(p, d, b, tt * ROWS + t, isum);
+                }
+            },
+        );
+    }
 }
 
 /// Block `b` of a Q6_K group as `q6_k`'s four parts of B tiles, into the 256 lines at
