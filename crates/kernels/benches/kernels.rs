@@ -1,6 +1,6 @@
 //! GEMV (2048 x 2048) GB/s of weight bytes per format, and GFLOP/s of a 64-token matmul,
 //! portable vs each SIMD set this CPU has, and the packed (repacked-at-load) kernels of
-//! each set that has them (`packed-avx512vnni`, `packed-avxvnni`, `packed-avx2`). Run: `cargo bench -p llamay-kernels`.
+//! each set that has them (`packed-avx512amx`, `packed-avx512vnni`, `packed-avxvnni`, `packed-avx2`). Run: `cargo bench -p llamay-kernels`.
 //! Criterion's "elem/s" on the matmul group are FLOP/s (2·rows·cols·tokens per call).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
