@@ -68,6 +68,26 @@ fn markdown_has_llama_bench_columns() {
     assert!(out.contains("\nbuild: llamay "), "{out}");
 }
 
+/// The command-line contract's default: `-r 3`.
+#[test]
+fn repetitions_default_to_three() {
+    let m = fixture("llama-Q8_0.gguf");
+    let out = ok_stdout(&llamay(&[
+        "bench",
+        m.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "0",
+        "-t",
+        "1",
+        "-o",
+        "json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("a JSON array");
+    assert_eq!(v[0]["samples_ns"].as_array().unwrap().len(), 3, "{out}");
+}
+
 #[test]
 fn json_has_llama_bench_fields() {
     let m = fixture("llama-Q8_0.gguf");
