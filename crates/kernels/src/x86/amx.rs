@@ -243,6 +243,26 @@ unsafe fn zero_out(p: &Tile, n: usize) {
     }
 }
 
+/// Zeroes the C tiles listed (`tmm` numbers).
+macro_rules! zero_tiles {
+    ($($t:literal),+) => {
+        $(asm!(concat!("tilezero tmm", $t), options(nostack, nomem));)+
+    };
+}
+
+/// Stores C tile `tmm$t` into buffer `$i` of the `CTiles` at `$c`, for each pair.
+macro_rules! store_tiles {
+    ($c:expr; $($i:literal <- $t:literal),+) => {{
+        let c: *mut CTiles = $c;
+        $(asm!(
+            concat!("tilestored [{c} + {l}*1], tmm", $t),
+            c = in(reg) (*c).0[$i].as_mut_ptr(),
+            l = in(reg) 64usize,
+            options(nostack),
+        );)+
+    }};
+}
+
 /// One block of Q4_K for one A tile, `tdpbsud` with K = 64: C tile `$cl` (zeroed) +=
 /// Σ_c A(`a + 64c`) · B(`bl + 16c` lines) and `$ch` likewise from `bh`; both stored at
 /// `c` (tiles 0 and 1).
@@ -250,11 +270,7 @@ macro_rules! q4_k_block {
     ($cl:literal, $ch:literal, $a:expr, $bl:expr, $bh:expr, $c:expr) => {{
         let (a, bl, bh): (*const u8, *const u8, *const u8) = ($a, $bl, $bh);
         let c: *mut CTiles = $c;
-        asm!(
-            concat!("tilezero tmm", $cl),
-            concat!("tilezero tmm", $ch),
-            options(nostack, nomem),
-        );
+        zero_tiles!($cl, $ch);
         for w in 0..4 {
             asm!(
                 "tileloadd tmm4, [{a} + {s}*1]",
@@ -270,14 +286,7 @@ macro_rules! q4_k_block {
                 options(nostack, readonly),
             );
         }
-        asm!(
-            concat!("tilestored [{c0} + {l}*1], tmm", $cl),
-            concat!("tilestored [{c1} + {l}*1], tmm", $ch),
-            c0 = in(reg) (*c).0[0].as_mut_ptr(),
-            c1 = in(reg) (*c).0[1].as_mut_ptr(),
-            l = in(reg) 64usize,
-            options(nostack),
-        );
+        store_tiles!(c; 0 <- $cl, 1 <- $ch);
     }};
 }
 
@@ -367,13 +376,7 @@ macro_rules! q6_k_block {
     ($a:expr, $parts:expr, $c:expr) => {{
         let (a, b): (*const u8, *const u8) = ($a, $parts);
         let c: *mut CTiles = $c;
-        asm!(
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
-            options(nostack, nomem),
-        );
+        zero_tiles!(0, 1, 2, 3);
         for w in 0..4 {
             asm!(
                 "tileloadd tmm4, [{a} + {s}*1]",
@@ -395,18 +398,7 @@ macro_rules! q6_k_block {
                 options(nostack, readonly),
             );
         }
-        asm!(
-            "tilestored [{c0} + {l}*1], tmm0",
-            "tilestored [{c1} + {l}*1], tmm1",
-            "tilestored [{c2} + {l}*1], tmm2",
-            "tilestored [{c3} + {l}*1], tmm3",
-            c0 = in(reg) (*c).0[0].as_mut_ptr(),
-            c1 = in(reg) (*c).0[1].as_mut_ptr(),
-            c2 = in(reg) (*c).0[2].as_mut_ptr(),
-            c3 = in(reg) (*c).0[3].as_mut_ptr(),
-            l = in(reg) 64usize,
-            options(nostack),
-        );
+        store_tiles!(c; 0 <- 0, 1 <- 1, 2 <- 2, 3 <- 3);
     }};
 }
 
