@@ -22,7 +22,7 @@ pub fn threads(flag: Option<usize>) -> anyhow::Result<Threads> {
 pub fn context(flag: Option<usize>, model: &Model<'_>) -> anyhow::Result<usize> {
     const MAX_CTX: usize = 1 << 24;
     match flag {
-        None | Some(0) => Ok(model.config.n_ctx_train.min(MAX_CTX)),
+        None | Some(0) => Ok(model.config().n_ctx_train.min(MAX_CTX)),
         Some(n) if n > MAX_CTX => bail!("-c {n}: at most {MAX_CTX} tokens"),
         Some(n) => Ok(n),
     }
@@ -68,11 +68,11 @@ pub fn load<'a>(
     for w in tok.warnings() {
         eprintln!("warning: {w}");
     }
-    if tok.n_vocab() != model.config.n_vocab {
+    if tok.n_vocab() != model.config().n_vocab {
         bail!(
             "the tokenizer has {} tokens but the embedding has {} rows",
             tok.n_vocab(),
-            model.config.n_vocab
+            model.config().n_vocab
         );
     }
     Ok((model, tok))

@@ -35,31 +35,30 @@ pub(crate) struct Shape {
     pub window: Option<usize>,
 }
 
-/// How the work is cut; results agree for every setting up to f32 rounding.
+/// How the work is cut. Results are bit-identical for every `block` and every pool;
+/// `segment` changes the rounding (it is where each row's softmax restarts).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Tuning {
     /// Most query tokens of one sequence per task.
     pub block: usize,
-    /// Granule of a split KV range, in positions.
-    pub tile: usize,
-    /// Fewest KV positions a split covers.
-    pub min_split: usize,
-    /// Tasks wanted per pool thread: fewer (block, KV head) tasks than this get their
-    /// KV range split.
-    pub tasks_per_thread: usize,
-    /// Splits of every KV range, overriding the choice above (tests).
-    pub force_splits: Option<usize>,
+    /// KV positions per segment (a multiple of the key tile, `TILE`): the cache is cut
+    /// at fixed absolute positions, every segment a row sees gets its own online softmax
+    /// from a fresh state, and a row's segments are folded in order. So a row's
+    /// arithmetic depends on its position and the cache alone, not on the batch around
+    /// it or the threads: one-token decode (whose segments spread over the pool) and a
+    /// batch (whose block tasks fold their segments themselves) agree bit for bit.
+    pub segment: usize,
 }
 
-/// Measured on Gemma 3 270M's shape (`bench` below): a tile of 16 rows of 256 keeps
-/// the widened K and V tiles (32 KiB) in L1; 16-token blocks share each tile among 64
-/// query rows.
+/// Measured on Gemma 3 270M's shape (`bench` below): 16-token blocks share each key
+/// tile (16 rows of 256 keep the widened K and V tiles, 32 KiB, in L1) among 64 query
+/// rows. Segments of 512 positions: one-token decode at depth 4096 gets eight tasks
+/// (as fast as the data-dependent split they replaced, 0.261 vs 0.266 ms); restarting
+/// the softmax per segment costs prefill 512 @ d4096 5% (57.3 vs 54.7 ms) — 256 gave
+/// decode nothing more and cost prefill 20%.
 pub(crate) const TUNING: Tuning = Tuning {
     block: 16,
-    tile: 16,
-    min_split: 256,
-    tasks_per_thread: 2,
-    force_splits: None,
+    segment: 512,
 };
 
 /// Consecutive batch tokens of one sequence at consecutive positions.
@@ -103,28 +102,11 @@ fn blocks(batch: &[BatchToken], max: usize) -> Vec<Block> {
     out
 }
 
-/// How many parts each task's KV range is cut into: 1 unless the (block, KV head)
-/// tasks are too few to keep `threads` busy and the ranges are long.
-fn splits(shape: &Shape, tuning: &Tuning, blocks: &[Block], threads: usize) -> usize {
-    if let Some(s) = tuning.force_splits {
-        return s.max(1);
-    }
-    let base = blocks.len() * shape.n_head_kv;
-    let want = threads * tuning.tasks_per_thread;
-    if threads <= 1 || base >= want {
-        return 1;
-    }
-    let longest = blocks
-        .iter()
-        .map(|b| {
-            let (lo, hi) = b.range(shape);
-            hi - lo
-        })
-        .max()
-        .unwrap_or(0);
-    want.div_ceil(base)
-        .min(longest / tuning.min_split.max(1))
-        .max(1)
+/// The segments (see [`Tuning::segment`]) that meet `lo..hi`, as position ranges.
+fn segments(lo: usize, hi: usize, segment: usize) -> impl Iterator<Item = (usize, usize)> {
+    let first = if hi > lo { lo / segment } else { 0 };
+    let last = if hi > lo { hi.div_ceil(segment) } else { 0 };
+    (first..last).map(move |k| ((k * segment).max(lo), ((k + 1) * segment).min(hi)))
 }
 
 /// Online-softmax state of a task's query rows: running max, running sum, and the
@@ -161,55 +143,91 @@ pub(crate) fn attention_with(
     let (nh, nkv, hv) = (shape.n_head, shape.n_head_kv, shape.head_dim_v);
     let group = nh / nkv;
     let blocks = blocks(batch, tuning.block.max(1));
-    let tile = tuning.tile.max(1);
-    let n_split = splits(shape, tuning, &blocks, pool.n_threads());
-    let per_block = nkv * n_split;
-    let n_tasks = blocks.len() * per_block;
-    // Task `i`: later blocks (longer ranges) first, so the pool ends balanced.
-    let task = |i: usize| {
-        let b = blocks.len() - 1 - i / per_block;
-        let (kvh, s) = ((i % per_block) / n_split, i % n_split);
-        (b, kvh, s)
+    let segment = tuning.segment.max(1).next_multiple_of(TILE);
+    let ranges: Vec<(usize, usize)> = blocks.iter().map(|b| b.range(shape)).collect();
+    // One task per (block, KV head) folds that block's segments in order itself; when
+    // those are too few for the pool (one token at long context), one task per
+    // segment, folded in the same order in the merge. The same folds either way.
+    let per_segment = blocks.len() * nkv < 2 * pool.n_threads();
+    let n_seg: Vec<usize> = if per_segment {
+        (ranges.iter())
+            .map(|&(lo, hi)| segments(lo, hi, segment).count().max(1))
+            .collect()
+    } else {
+        vec![1; blocks.len()]
     };
-    let slots: Vec<OnceLock<Partial>> = (0..n_tasks).map(|_| OnceLock::new()).collect();
-    pool.run(n_tasks, |i| {
-        let (b, kvh, s) = task(i);
+    // Tasks (block, KV head, segment index), later blocks (longer ranges) first so the
+    // pool ends balanced; `first[b]` is block b's first task, then each KV head's run
+    // of `n_seg[b]` tasks.
+    let mut tasks = Vec::new();
+    let mut first = vec![0usize; blocks.len()];
+    for b in (0..blocks.len()).rev() {
+        first[b] = tasks.len();
+        for kvh in 0..nkv {
+            tasks.extend((0..n_seg[b]).map(|k| (b, kvh, k)));
+        }
+    }
+    let slots: Vec<OnceLock<Partial>> = (0..tasks.len()).map(|_| OnceLock::new()).collect();
+    pool.run(tasks.len(), |i| {
+        let (b, kvh, k) = tasks[i];
         let block = &blocks[b];
-        let (lo, hi) = block.range(shape);
-        let chunk = (hi - lo).div_ceil(n_split).next_multiple_of(tile);
-        let c0 = (lo + s * chunk).min(hi);
-        let c1 = (c0 + chunk).min(hi);
-        let p = run_task(shape, &caches[block.seq], il, q, block, kvh, c0..c1);
+        let (lo, hi) = ranges[b];
+        let run = |(c0, c1)| run_task(shape, &caches[block.seq], il, q, block, kvh, c0..c1);
+        let p = if per_segment {
+            segments(lo, hi, segment)
+                .nth(k)
+                .map_or_else(|| run((lo, lo)), run)
+        } else {
+            let mut segs = segments(lo, hi, segment).map(run);
+            let mut state = segs.next().unwrap_or_else(|| run((lo, lo)));
+            for p in segs {
+                for r in 0..state.m.len() {
+                    state.fold_row(r, &p, hv);
+                }
+            }
+            state
+        };
         let _ = slots[i].set(p);
     });
 
-    let parts: Vec<Partial> = slots
+    let mut parts: Vec<Partial> = slots
         .into_iter()
         .map(|s| s.into_inner().expect("every attention task ran"))
         .collect();
-    // Each token's block, for the merge below.
+    // Fold each (block, KV head)'s segment partials into its first, in order (only
+    // when tasks were per segment).
+    if per_segment {
+        for b in 0..blocks.len() {
+            for kvh in 0..nkv {
+                let i0 = first[b] + kvh * n_seg[b];
+                let (head, rest) = parts[i0..i0 + n_seg[b]].split_at_mut(1);
+                for p in rest.iter() {
+                    for r in 0..head[0].m.len() {
+                        head[0].fold_row(r, p, hv);
+                    }
+                }
+            }
+        }
+    }
+    // Each token's block, for the output below.
     let mut block_of = vec![0usize; batch.len()];
     for (b, block) in blocks.iter().enumerate() {
         block_of[block.t0..block.t0 + block.n].fill(b);
     }
-    // Merge every token's partials into its output row, tokens in parallel.
+    // Every row normalised into the output, tokens in parallel.
     const TOKENS_PER_TASK: usize = 8;
     let mut out = vec![0f32; batch.len() * nh * hv];
     pool.for_each_chunk_mut(&mut out, TOKENS_PER_TASK * nh * hv, |c, rows| {
-        let mut w = vec![0f32; n_split];
         for (j, row) in rows.chunks_exact_mut(nh * hv).enumerate() {
             let t = c * TOKENS_PER_TASK + j;
             let b = block_of[t];
             let i = t - blocks[b].t0;
             for kvh in 0..nkv {
-                // Task indices of this (block, kv head), one per split.
-                let i0 = (blocks.len() - 1 - b) * per_block + kvh * n_split;
-                let ps = &parts[i0..i0 + n_split];
+                let p = &parts[first[b] + kvh * n_seg[b]];
                 for g in 0..group {
                     let r = i * group + g;
                     let head = kvh * group + g;
-                    let o = &mut row[head * hv..(head + 1) * hv];
-                    merge_row(ps, r, hv, &mut w, o);
+                    p.normalise_row(r, hv, &mut row[head * hv..(head + 1) * hv]);
                 }
             }
         }
@@ -217,27 +235,40 @@ pub(crate) fn attention_with(
     out
 }
 
-/// Output row `o` (zero on entry) of query row `r` from its partials, one per split:
-/// rescaled to the common maximum and normalised by the total sum.
-fn merge_row(ps: &[Partial], r: usize, hv: usize, w: &mut [f32], o: &mut [f32]) {
-    let m = ps.iter().map(|p| p.m[r]).fold(f32::NEG_INFINITY, f32::max);
-    let mut l = 0f32;
-    for (w, p) in w.iter_mut().zip(ps) {
-        *w = if p.m[r] == f32::NEG_INFINITY {
-            0.0
-        } else {
-            (p.m[r] - m).exp()
-        };
-        l += p.l[r] * *w;
-    }
-    if l == 0.0 {
-        return;
-    }
-    let inv = 1.0 / l;
-    for (w, p) in w.iter().zip(ps) {
-        if *w != 0.0 {
-            axpy_f32(o, *w * inv, &p.acc[r * hv..(r + 1) * hv]);
+impl Partial {
+    /// Folds row `r` of `p` (the partial of a later segment, same rows) into row `r`
+    /// of `self`: the one merge step both task shapes use, so their results agree bit
+    /// for bit. A segment the row does not see (max −∞) changes nothing.
+    fn fold_row(&mut self, r: usize, p: &Partial, hv: usize) {
+        let pm = p.m[r];
+        if pm == f32::NEG_INFINITY {
+            return;
         }
+        let acc = &mut self.acc[r * hv..(r + 1) * hv];
+        let pacc = &p.acc[r * hv..(r + 1) * hv];
+        if self.m[r] == f32::NEG_INFINITY {
+            self.m[r] = pm;
+            self.l[r] = p.l[r];
+            acc.copy_from_slice(pacc);
+            return;
+        }
+        let m = self.m[r].max(pm);
+        let (a, b) = ((self.m[r] - m).exp(), (pm - m).exp());
+        self.m[r] = m;
+        self.l[r] = self.l[r] * a + p.l[r] * b;
+        if a != 1.0 {
+            acc.iter_mut().for_each(|x| *x *= a);
+        }
+        axpy_f32(acc, b, pacc);
+    }
+
+    /// Row `r`'s output (`o`, zero on entry): the weighted sum over the total weight.
+    fn normalise_row(&self, r: usize, hv: usize, o: &mut [f32]) {
+        let l = self.l[r];
+        if l == 0.0 {
+            return;
+        }
+        axpy_f32(o, 1.0 / l, &self.acc[r * hv..(r + 1) * hv]);
     }
 }
 
@@ -465,22 +496,15 @@ mod tests {
             TUNING,
             Tuning {
                 block: 3,
-                tile: 5,
-                min_split: 1,
-                tasks_per_thread: 8,
-                force_splits: None,
+                segment: 16,
             },
             Tuning {
                 block: 1,
-                tile: 7,
-                force_splits: Some(4),
-                ..TUNING
+                segment: 48,
             },
             Tuning {
                 block: 64,
-                tile: 1000,
-                force_splits: Some(3),
-                ..TUNING
+                segment: 4096,
             },
         ];
         for pool in &pools {
@@ -520,7 +544,7 @@ mod tests {
     }
 
     #[test]
-    fn one_token_at_long_context_splits_its_kv_range() {
+    fn one_token_at_long_context_gets_one_task_per_segment() {
         let shape = Shape {
             n_head: 4,
             n_head_kv: 1,
@@ -547,13 +571,21 @@ mod tests {
         };
         assert_eq!(at(4095, 1)[0].range(&shape), (0, 4096));
         assert_eq!(at(4095, 1)[0].range(&local), (3584, 4096));
-        assert_eq!(splits(&shape, &TUNING, &at(4095, 1), 2), 4);
-        assert_eq!(splits(&local, &TUNING, &at(4095, 1), 2), 2);
-        assert_eq!(splits(&shape, &TUNING, &at(100, 1), 2), 1);
-        assert_eq!(splits(&shape, &TUNING, &at(4095, 1), 1), 1);
-        // A prefill batch has tasks enough.
+        let count = |b: &[Block], sh: &Shape| {
+            let (lo, hi) = b[0].range(sh);
+            segments(lo, hi, TUNING.segment).count()
+        };
+        assert_eq!(count(&at(4095, 1), &shape), 8);
+        assert_eq!(count(&at(4095, 1), &local), 1);
+        assert_eq!(count(&at(100, 1), &shape), 1);
+        // A window that starts mid-segment: the first segment is cut at its start.
+        assert_eq!(
+            segments(3000, 4096, 256).collect::<Vec<_>>()[..2],
+            [(3000, 3072), (3072, 3328)]
+        );
+        assert_eq!(segments(5, 5, 256).count(), 0);
+        // A prefill batch has blocks enough.
         assert_eq!(at(4096, 512).len(), 32);
-        assert_eq!(splits(&shape, &TUNING, &at(4096, 512), 2), 1);
     }
 
     /// The attention this module replaced: per (token, head), a full score vector, a
@@ -650,8 +682,7 @@ mod tests {
         };
         let tuning = Tuning {
             block: env("LLAMAY_BENCH_BLOCK", TUNING.block),
-            tile: env("LLAMAY_BENCH_TILE", TUNING.tile),
-            ..TUNING
+            segment: env("LLAMAY_BENCH_SEGMENT", TUNING.segment),
         };
         for ((nh, nkv, hd, depth), cases) in shapes {
             let mut rng = Rng(9);

@@ -93,6 +93,22 @@ impl Keys<'_, '_> {
 /// Upper bounds that keep a hostile file from asking for absurd allocations.
 const MAX_DIM: usize = 1 << 20;
 const MAX_LAYERS: usize = 1 << 12;
+/// Context lengths beyond this are not a real model's (llama.cpp holds them in a u32;
+/// the longest real ones are around 10M).
+const MAX_CTX: usize = 1 << 31;
+/// Token ids are u32 everywhere (tokenizer, batch, samplers).
+const MAX_VOCAB: u64 = u32::MAX as u64;
+
+/// A float that must be finite and positive (a base, a scale, a cap): NaN or a sign
+/// error there gives NaN logits, a quietly wrong model, not an error.
+fn positive(key: &str, v: Option<f32>) -> Result<Option<f32>, LoadError> {
+    match v {
+        Some(x) if !(x.is_finite() && x > 0.0) => Err(LoadError::Metadata(format!(
+            "'{key}' is {x}; it must be a finite positive number"
+        ))),
+        _ => Ok(v),
+    }
+}
 
 impl Config {
     pub fn from_gguf(arch: &'static ArchSpec, gguf: &Gguf<'_>) -> Result<Config, LoadError> {
@@ -134,20 +150,44 @@ impl Config {
                 "rope.dimension_count {n_rot} must be even and at most the head dimension {head_dim_k}"
             )));
         }
-        let norm_eps = match arch.norm {
-            NormKind::Rms => k.float("attention.layer_norm_rms_epsilon")?,
-            NormKind::Layer => k.float("attention.layer_norm_epsilon")?,
+        let eps_key = match arch.norm {
+            NormKind::Rms => "attention.layer_norm_rms_epsilon",
+            NormKind::Layer => "attention.layer_norm_epsilon",
+        };
+        let norm_eps = k.float(eps_key)?.unwrap_or(1e-5);
+        if !(norm_eps.is_finite() && norm_eps >= 0.0) {
+            return Err(LoadError::Metadata(format!(
+                "'{}' is {norm_eps}; it must be a finite number, zero or more",
+                k.key(eps_key)
+            )));
         }
-        .unwrap_or(1e-5);
-        let n_ctx_train = k.count("context_length")?.unwrap_or(2048);
-        let n_ctx_orig = k
-            .count("rope.scaling.original_context_length")?
+        let ctx = |key: &str| -> Result<Option<usize>, LoadError> {
+            match k.count(key)? {
+                Some(n) if n > MAX_CTX => Err(LoadError::Metadata(format!(
+                    "'{}' is {n}, beyond any real model's context (at most {MAX_CTX})",
+                    k.key(key)
+                ))),
+                n => Ok(n),
+            }
+        };
+        let n_ctx_train = ctx("context_length")?.unwrap_or(2048);
+        if n_ctx_train == 0 {
+            return Err(LoadError::Metadata(format!(
+                "'{}' is 0",
+                k.key("context_length")
+            )));
+        }
+        let n_ctx_orig = ctx("rope.scaling.original_context_length")?
             .filter(|&n| n > 0)
             .unwrap_or(n_ctx_train);
         let factor = match k.float("rope.scaling.factor")? {
             Some(f) => Some(f),
             None => k.float("rope.scale_linear")?,
         };
+        // 0 means "no scaling" in llama.cpp's converters; anything else must be usable.
+        if let Some(f) = factor.filter(|&f| f != 0.0) {
+            positive(&k.key("rope.scaling.factor"), Some(f))?;
+        }
         let kind = md.get_str(&k.key("rope.scaling.type")).map_err(md_err)?;
         let rope_scaling = RopeScaling::parse(kind, factor).map_err(LoadError::Metadata)?;
         let attn_factor = k.float("rope.scaling.attn_factor")?.unwrap_or(1.0);
@@ -156,7 +196,8 @@ impl Config {
                 "rope.scaling.attn_factor {attn_factor} must be positive"
             )));
         }
-        let rope_base = k.float("rope.freq_base")?.unwrap_or(10_000.0);
+        let rope_base =
+            positive(&k.key("rope.freq_base"), k.float("rope.freq_base")?)?.unwrap_or(10_000.0);
         let rope = RopeParams::new(
             n_rot,
             rope_base,
@@ -168,7 +209,8 @@ impl Config {
         // Gemma 3's sliding layers have their own base and are never scaled (llama.cpp:
         // rope_freq_base/scale_train_swa); elsewhere every layer ropes alike.
         let rope_swa = if arch.swa_rope_base {
-            let base = k.float("rope.freq_base_swa")?.unwrap_or(10_000.0);
+            let key = "rope.freq_base_swa";
+            let base = positive(&k.key(key), k.float(key)?)?.unwrap_or(10_000.0);
             RopeParams::new(n_rot, base, 1.0, rope_scaling, attn_factor, n_ctx_orig)
         } else {
             rope
@@ -217,7 +259,7 @@ impl Config {
             1.0 / (head_dim_k as f32).sqrt()
         };
         let softcap = |key: &str| -> Result<Option<f32>, LoadError> {
-            Ok(k.float(key)?.filter(|&c| c != 0.0))
+            positive(&k.key(key), k.float(key)?.filter(|&c| c != 0.0))
         };
         let attn_softcap = softcap("attn_logit_softcapping")?;
         let final_softcap = softcap("final_logit_softcapping")?;
@@ -225,13 +267,21 @@ impl Config {
         let embd = gguf
             .tensor("token_embd.weight")
             .ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
-        let n_vocab = embd.shape.get(1).copied().unwrap_or(1) as usize;
-        if embd.row_len() as usize != n_embd {
+        if embd.row_len() != n_embd as u64 {
             return Err(LoadError::Shape(format!(
                 "token_embd.weight rows have {} values, embedding_length is {n_embd}",
                 embd.row_len()
             )));
         }
+        // The vocabulary is the embedding's rows: every dimension past the first.
+        let n_vocab = embd.n_elements / embd.row_len().max(1);
+        if n_vocab == 0 || n_vocab > MAX_VOCAB {
+            return Err(LoadError::Shape(format!(
+                "token_embd.weight has shape {:?}: {n_vocab} tokens (a vocabulary has 1 to {MAX_VOCAB})",
+                embd.shape
+            )));
+        }
+        let n_vocab = n_vocab as usize;
         Ok(Config {
             arch,
             n_vocab,

@@ -11,6 +11,30 @@ use crate::weights::{Linear, Norm};
 use crate::{DecodeError, Model};
 use llamay_kernels::{QuantizedRows, ThreadPool};
 
+/// A test hook (feature `fault-injection`, never in a release build): makes the next
+/// `decode` on this thread panic when it reaches a chosen layer, as a failing kernel
+/// would, after earlier layers have appended their keys and values.
+#[cfg(feature = "fault-injection")]
+pub mod fault {
+    use std::cell::Cell;
+
+    thread_local! {
+        static PANIC_AT: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    /// The next decode on this thread panics at layer `layer` (once).
+    pub fn panic_at_layer(layer: usize) {
+        PANIC_AT.with(|c| c.set(Some(layer)));
+    }
+
+    pub(crate) fn at_layer(il: usize) {
+        if PANIC_AT.with(|c| c.get()) == Some(il) {
+            PANIC_AT.with(|c| c.set(None));
+            panic!("injected fault at layer {il}");
+        }
+    }
+}
+
 /// One token of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchToken {
@@ -199,6 +223,13 @@ impl Model<'_> {
                     n_seqs: caches.len(),
                 });
             };
+            let cache = &caches[bt.seq];
+            if let Some(why) = cache.unfit_for(self.id, cfg.n_layer, cfg.k_dim(), cfg.v_dim()) {
+                return Err(DecodeError::ForeignCache { seq: bt.seq, why });
+            }
+            if cache.is_interrupted() {
+                return Err(DecodeError::Interrupted { seq: bt.seq });
+            }
             if bt.token as usize >= cfg.n_vocab {
                 return Err(DecodeError::TokenOutOfRange {
                     token: bt.token,
@@ -268,12 +299,25 @@ impl Model<'_> {
         let own_swa = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
         let angles_swa = own_swa.then(|| angles_of(&cfg.rope_swa));
         let mut own = None;
-        let mut held = self.scratch.try_lock();
-        let s: &mut Scratch = match held.as_deref_mut() {
-            Ok(s) => s,
-            Err(_) => own.insert(Scratch::default()),
+        // A panic in an earlier call poisons the lock; the buffers are still fine to
+        // reuse (every value is overwritten before it is read).
+        let mut held = match self.scratch.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
         };
+        let s: &mut Scratch = match held.as_deref_mut() {
+            Some(s) => s,
+            None => own.insert(Scratch::default()),
+        };
+        // From here until the commit, the touched caches hold rows of some layers and
+        // not others: marked, so that a panic leaves them refused, not shifted.
+        for bt in batch {
+            caches[bt.seq].begin();
+        }
         for (il, layer) in self.weights.layers.iter().enumerate() {
+            #[cfg(feature = "fault-injection")]
+            fault::at_layer(il);
             norm_into(
                 &x,
                 &mut s.h,

@@ -223,10 +223,16 @@ pub struct KvCache {
     len: usize,
     /// Most positions this sequence may hold (the context size).
     capacity: usize,
+    /// The model that made this cache (0: made inside the crate, for tests).
+    model: u64,
+    /// Set while a batch writes uncommitted rows; still set after a panic mid-batch,
+    /// when the layers hold different numbers of rows and the next append would land
+    /// at the wrong position. `truncate` restores a consistent state.
+    interrupted: bool,
 }
 
 impl KvCache {
-    pub fn new(
+    pub(crate) fn new(
         n_layer: usize,
         k_dim: usize,
         v_dim: usize,
@@ -241,7 +247,47 @@ impl KvCache {
             v: (0..n_layer).map(|_| Store::new(precision)).collect(),
             len: 0,
             capacity,
+            model: 0,
+            interrupted: false,
         }
+    }
+
+    pub(crate) fn owned_by(mut self, model: u64) -> Self {
+        self.model = model;
+        self
+    }
+
+    /// Why this cache cannot take a batch of model `model` (`n_layer` layers of keys
+    /// `k_dim` and values `v_dim` wide), if it cannot.
+    pub(crate) fn unfit_for(
+        &self,
+        model: u64,
+        n_layer: usize,
+        k_dim: usize,
+        v_dim: usize,
+    ) -> Option<String> {
+        if self.model != model {
+            return Some("was made by another model".into());
+        }
+        if (self.k.len(), self.k_dim, self.v_dim) != (n_layer, k_dim, v_dim) {
+            return Some(format!(
+                "holds {} layers of keys {} and values {} wide; this model has {n_layer} layers of {k_dim} and {v_dim}",
+                self.k.len(),
+                self.k_dim,
+                self.v_dim
+            ));
+        }
+        None
+    }
+
+    pub(crate) fn is_interrupted(&self) -> bool {
+        self.interrupted
+    }
+
+    /// Marks the start of a batch that appends to this cache; [`KvCache::commit`]
+    /// ends it.
+    pub(crate) fn begin(&mut self) {
+        self.interrupted = true;
     }
 
     pub fn precision(&self) -> KvPrecision {
@@ -272,6 +318,7 @@ impl KvCache {
 
     pub(crate) fn commit(&mut self, n: usize) {
         self.len += n;
+        self.interrupted = false;
     }
 
     /// Keys of `layer` for positions `0..n` (including uncommitted ones of the batch).
@@ -287,18 +334,19 @@ impl KvCache {
         (self.k_dim, self.v_dim)
     }
 
-    /// Forgets positions from `pos` on (a new turn, a stop string). The memory stays
-    /// reserved for the positions that follow.
+    /// Forgets positions from `pos` on (a new turn, a stop string), and any rows an
+    /// interrupted batch left uncommitted. The memory stays reserved for the positions
+    /// that follow.
     pub fn truncate(&mut self, pos: usize) {
-        if pos < self.len {
-            for l in &mut self.k {
-                l.truncate(pos.div_ceil(KEY_TILE) * KEY_TILE * self.k_dim);
-            }
-            for l in &mut self.v {
-                l.truncate(pos * self.v_dim);
-            }
-            self.len = pos;
+        let pos = pos.min(self.len);
+        for l in &mut self.k {
+            l.truncate(pos.div_ceil(KEY_TILE) * KEY_TILE * self.k_dim);
         }
+        for l in &mut self.v {
+            l.truncate(pos * self.v_dim);
+        }
+        self.len = pos;
+        self.interrupted = false;
     }
 
     /// Bytes the stored positions take at the cache's precision (2 per value for f16,

@@ -16,6 +16,9 @@ pub mod sample;
 pub mod tensor;
 mod weights;
 
+#[cfg(feature = "fault-injection")]
+pub use forward::fault;
+
 pub use arch::{ARCHITECTURES, ArchSpec};
 pub use config::Config;
 pub use forward::{BatchToken, Logits};
@@ -80,11 +83,21 @@ pub enum DecodeError {
     },
     #[error("sequence {seq}: the context of {capacity} tokens is full")]
     ContextFull { seq: usize, capacity: usize },
+    #[error("sequence {seq}: its cache {why}")]
+    ForeignCache { seq: usize, why: String },
+    #[error(
+        "sequence {seq}: an earlier batch was interrupted (a panic) after it had written part of this cache; truncate the cache or start a new one"
+    )]
+    Interrupted { seq: usize },
 }
 
 /// A loaded model: its config and weights, borrowing the file's mapping.
 pub struct Model<'a> {
-    pub config: Config,
+    /// Read-only after load: the weights were bound and checked against it.
+    config: Config,
+    /// Unique per loaded model in this process: the caches it makes carry it, and
+    /// `decode` refuses a cache of another model.
+    id: u64,
     weights: weights::Weights<'a>,
     threads: Threads,
     /// The compute threads (persistent; the caller participates).
@@ -139,8 +152,10 @@ impl<'a> Model<'a> {
         let (config, mut weights) = Self::bind(gguf, weights::ReadData::Yes)?;
         let pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
         weights.pack(&pool, release);
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Model {
             config,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             weights,
             threads,
             pool,
@@ -184,7 +199,12 @@ impl<'a> Model<'a> {
 
     pub fn new_cache_with(&self, n_ctx: usize, precision: KvPrecision) -> KvCache {
         let c = &self.config;
-        KvCache::new(c.n_layer, c.k_dim(), c.v_dim(), n_ctx, precision)
+        KvCache::new(c.n_layer, c.k_dim(), c.v_dim(), n_ctx, precision).owned_by(self.id)
+    }
+
+    /// The hyper-parameters the model was loaded with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// Bytes of weights repacked at load (held in memory besides the mapping).

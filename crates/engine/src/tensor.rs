@@ -26,11 +26,22 @@ pub struct Matrix<'a> {
 impl<'a> Matrix<'a> {
     /// Binds a tensor as a matrix of `cols` columns; its remaining dimensions are rows.
     pub fn from_tensor(t: &TensorInfo<'a>, cols: usize, rows: usize) -> Result<Self, LoadError> {
-        if t.row_len() as usize != cols || t.n_elements as usize != cols * rows {
-            return Err(LoadError::Shape(format!(
+        let shape_err = || {
+            LoadError::Shape(format!(
                 "tensor '{}' has shape {:?}, expected [{cols}, {rows}]",
                 t.name, t.shape
+            ))
+        };
+        if t.n_elements == 0 || cols == 0 || rows == 0 {
+            return Err(LoadError::Shape(format!(
+                "tensor '{}' has shape {:?}: a weight matrix needs at least one row and one column",
+                t.name, t.shape
             )));
+        }
+        if t.row_len() != cols as u64
+            || Some(t.n_elements) != (cols as u64).checked_mul(rows as u64)
+        {
+            return Err(shape_err());
         }
         if let Some(why) = t.ty.refusal() {
             return Err(LoadError::Unsupported(format!(
@@ -44,6 +55,15 @@ impl<'a> Matrix<'a> {
                 t.name, t.ty
             ))
         })? as usize;
+        // The parser sized `data` from the element count; a matrix's rows must cover
+        // exactly those bytes, or a row read would run past them.
+        if row_bytes.checked_mul(rows) != Some(t.data.len()) {
+            return Err(LoadError::Shape(format!(
+                "tensor '{}': {} bytes of data for {rows} rows of {row_bytes} bytes",
+                t.name,
+                t.data.len()
+            )));
+        }
         Ok(Matrix {
             name: t.name,
             ty: t.ty,
@@ -125,7 +145,7 @@ pub fn matmul_quantized(
 /// A 1-D weight (norm scale, bias), dequantised to f32 at load: small and read often.
 /// With `read == false` only the shape and type are checked and nothing is read.
 pub fn vector(t: &TensorInfo<'_>, len: usize, read: bool) -> Result<Vec<f32>, LoadError> {
-    if t.n_elements as usize != len {
+    if t.n_elements != len as u64 || len == 0 {
         return Err(LoadError::Shape(format!(
             "tensor '{}' has shape {:?}, expected [{len}]",
             t.name, t.shape

@@ -142,8 +142,12 @@ impl<'a> Binder<'_, 'a> {
     }
 }
 
+/// Rows `r` of a stacked projection's bias. A shapes-only check binds biases without
+/// their values (empty vectors, see [`ReadData`]): their parts are empty too. A read
+/// bias has exactly the stacked projection's rows (checked by `vector`), so `r` is in it.
 fn split_bias(b: &Option<Vec<f32>>, r: std::ops::Range<usize>) -> Option<Vec<f32>> {
-    b.as_ref().map(|b| b[r].to_vec())
+    b.as_ref()
+        .map(|b| b.get(r).map(<[f32]>::to_vec).unwrap_or_default())
 }
 
 impl<'a> Weights<'a> {
@@ -157,9 +161,8 @@ impl<'a> Weights<'a> {
         let e = cfg.n_embd;
         let token_embd = b.matrix("token_embd.weight", e, cfg.n_vocab)?;
         let position_embd = if arch.learned_positions {
-            let t = b.require("position_embd.weight")?.clone();
-            let n_pos = t.shape.get(1).copied().unwrap_or(1) as usize;
-            Some(Matrix::from_tensor(&t, e, n_pos)?)
+            // One row per trained position, as llama.cpp creates it ({n_embd, n_ctx_train}).
+            Some(b.matrix("position_embd.weight", e, cfg.n_ctx_train)?)
         } else {
             None
         };

@@ -35,7 +35,7 @@ fn config_synthesis_per_family() {
                 .map(|v| v as usize)
         };
         with_model(&fixture(&format!("{arch}-F32.gguf")), |m| {
-            let c = m.unwrap_or_else(|e| panic!("{arch}: {e}")).config;
+            let c = m.unwrap_or_else(|e| panic!("{arch}: {e}")).config().clone();
             assert_eq!(c.arch.name, arch);
             assert_eq!(c.n_embd, key("embedding_length").unwrap(), "{arch}");
             assert_eq!(c.n_layer, key("block_count").unwrap(), "{arch}");
@@ -91,7 +91,7 @@ fn long_greedy_decode_stays_in_range_and_finite() {
         for ty in ["F16", "Q4_K"] {
             with_model(&fixture(&format!("{arch}-{ty}.gguf")), |m| {
                 let m = m.unwrap();
-                let n_ctx = m.config.n_ctx_train;
+                let n_ctx = m.config().n_ctx_train;
                 let mut caches = vec![m.new_cache(n_ctx)];
                 let mut token = 1u32;
                 // EOS is never chosen: it is masked out, so decoding runs to the context.
@@ -115,7 +115,7 @@ fn long_greedy_decode_stays_in_range_and_finite() {
                     let mut masked = row.to_vec();
                     masked[2] = f32::NEG_INFINITY;
                     token = argmax(&masked);
-                    assert!((token as usize) < m.config.n_vocab && token != 2);
+                    assert!((token as usize) < m.config().n_vocab && token != 2);
                 }
                 assert_eq!(caches[0].len(), n_ctx);
                 let err = m.decode(
@@ -378,7 +378,7 @@ fn two_sequences_in_one_batch_equal_two_separate_runs() {
             });
         }
         let joint = m.decode(&mut caches, &batch).unwrap();
-        let n = m.config.n_vocab;
+        let n = m.config().n_vocab;
         let (sa, sb) = (solo(&a), solo(&b));
         let joint_a = &joint.values[..a.len() * n];
         let joint_b = &joint.values[a.len() * n..];

@@ -83,7 +83,7 @@ fn every_fixture_matches_llama_cpp() {
         let mapped = MappedModel::open(&path).unwrap();
         let gguf = mapped.parse().unwrap();
         let model = Model::load(&gguf, Threads(2)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(model.config.arch.name, f["arch"].as_str().unwrap());
+        assert_eq!(model.config().arch.name, f["arch"].as_str().unwrap());
         let mut caches = vec![model.new_cache(64)];
         let batch: Vec<BatchToken> = tokens
             .iter()

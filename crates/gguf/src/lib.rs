@@ -9,6 +9,15 @@
 //! - this crate does not interpret model metadata (that is the loader's job); it only
 //!   enforces the container's own rules (alignment, split sets).
 
+// Sizes in a GGUF file are u64; the loaders (here, the tokenizer, the engine) convert
+// counts, lengths and offsets to usize after checking them against the bytes of a
+// mapping, which on a 64-bit target holds every such value. A 32-bit target would need
+// each of those conversions checked again: refused at build time instead (README).
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!(
+    "llamay builds for 64-bit targets only: GGUF sizes are u64 and the loaders convert them to usize"
+);
+
 mod error;
 mod file;
 pub mod limits;

@@ -239,6 +239,21 @@ impl MappedModel {
 }
 
 impl<'a> Model<'a> {
+    /// A model of one parsed file (not a shard of a split set): how a file built in
+    /// memory (tests, the fuzz targets) is presented to the loaders. The parser has
+    /// already refused duplicate tensor names.
+    pub fn single(file: GgufFile<'a>) -> Model<'a> {
+        let order = (0..file.tensors.len()).map(|i| (0, i)).collect();
+        let index = (file.tensors.iter().enumerate())
+            .map(|(i, t)| (t.name, (0, i)))
+            .collect();
+        Model {
+            shards: vec![file],
+            order,
+            index,
+        }
+    }
+
     /// The model's metadata (the first shard's; other shards carry only split keys).
     pub fn metadata(&self) -> &Metadata<'a> {
         &self.shards[0].metadata

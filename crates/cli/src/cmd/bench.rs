@@ -140,7 +140,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let bos = if tok.add_bos() { tok.bos() } else { None };
-    let n_vocab = model.config.n_vocab as u64;
+    let n_vocab = model.config().n_vocab as u64;
     drop(tok);
 
     let md = gguf.metadata();

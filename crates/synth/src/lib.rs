@@ -1,0 +1,316 @@
+//! Synthetic GGUF models for any row of the architecture table: valid containers
+//! written through the gguf writer, with the tensors a file of that family carries
+//! (and, on request, every optional one the loader accepts), random weights in a chosen
+//! format, and the metadata the config reads. [`hostile`] turns fuzzer bytes into
+//! variants of them with hostile shapes, types, metadata and tensor sets, so that a fuzz
+//! target spends its time past the container parser, in `Model::check`, `Model::load`
+//! and `decode`.
+//!
+//! The tensor lists are written here from the row's fields and llama.cpp's names
+//! (`src/llama-arch.cpp`), not taken from the engine's binder: a binder that asks for a
+//! tensor this file lacks, or leaves one of its tensors unread, fails the tests.
+
+mod hostile;
+
+pub use hostile::{HostileModel, Outcome, exercise, hostile};
+
+use llamay_engine::arch::{
+    ArchSpec, FfnKind, NormKind, QkvLayout, Residual, RopeStyle, SwaPattern,
+};
+use llamay_formats::GgmlType;
+use llamay_gguf::{GgufWriter, Value, WriteError};
+use std::borrow::Cow;
+
+/// A model's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub n_embd: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub head_dim: u64,
+    pub n_ff: u64,
+    pub n_layer: u64,
+    pub n_vocab: u64,
+    pub n_ctx: u64,
+}
+
+impl Dims {
+    /// Small enough to load in milliseconds, wide enough (rows of 256) for every block
+    /// format, K-quants included.
+    pub const SMALL: Dims = Dims {
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_ff: 256,
+        n_layer: 2,
+        n_vocab: 64,
+        n_ctx: 64,
+    };
+
+    /// Tiny (rows of 32): for the legacy block formats and fast fuzzing.
+    pub const TINY: Dims = Dims {
+        n_embd: 32,
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 16,
+        n_ff: 64,
+        n_layer: 1,
+        n_vocab: 16,
+        n_ctx: 16,
+    };
+}
+
+/// Which rope-factor tensors the file carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeFactors {
+    None,
+    /// `rope_freqs.weight` (Llama 3.1).
+    Fixed,
+    /// `rope_factors_long/short.weight` (Phi-3 LongRoPE).
+    LongShort,
+}
+
+/// What to build.
+#[derive(Clone, Copy, Debug)]
+pub struct Spec {
+    pub arch: &'static ArchSpec,
+    pub dims: Dims,
+    /// The format of the weight matrices (1-D tensors are F32, as llama.cpp writes them).
+    pub ty: GgmlType,
+    /// Every optional tensor the family may carry: a bias on every projection and
+    /// LayerNorm, an untied `output.weight` with its bias.
+    pub all_optional: bool,
+    pub rope_factors: RopeFactors,
+    /// Seed of the random weights.
+    pub seed: u64,
+}
+
+impl Spec {
+    pub fn new(arch: &'static ArchSpec) -> Spec {
+        Spec {
+            arch,
+            dims: Dims::SMALL,
+            ty: GgmlType::F32,
+            all_optional: false,
+            rope_factors: RopeFactors::None,
+            seed: 1,
+        }
+    }
+}
+
+/// One tensor of a file to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorDef {
+    pub name: String,
+    pub ty: GgmlType,
+    /// GGUF order, ne0 first.
+    pub shape: Vec<u64>,
+    /// Whether the family's loader accepts the file without it.
+    pub optional: bool,
+}
+
+/// A model file before it is written: metadata and tensor declarations.
+#[derive(Clone, Debug)]
+pub struct ModelFile {
+    pub metadata: Vec<(String, Value<'static>)>,
+    pub tensors: Vec<TensorDef>,
+    pub seed: u64,
+}
+
+impl ModelFile {
+    pub fn new(spec: &Spec) -> ModelFile {
+        ModelFile {
+            metadata: metadata(spec.arch, &spec.dims),
+            tensors: tensors(spec),
+            seed: spec.seed,
+        }
+    }
+
+    /// The container's bytes. Weights are uniform random in ±0.1 (1-D weights near 1),
+    /// quantised to each tensor's type where it is writable; other readable types get
+    /// random blocks; refused types get random bytes.
+    pub fn write(&self) -> Result<Vec<u8>, WriteError> {
+        let mut w = GgufWriter::new();
+        for (k, v) in &self.metadata {
+            w.add_kv(k, v.clone())?;
+        }
+        for t in &self.tensors {
+            w.add_tensor(&t.name, t.ty, &t.shape)?;
+        }
+        let mut rng = Rng(self.seed ^ 0x9E37_79B9_7F4A_7C15);
+        let mut out = Vec::new();
+        w.write(&mut out, |i| {
+            let t = &self.tensors[i];
+            Ok(Cow::Owned(tensor_bytes(t, &mut rng)))
+        })?;
+        Ok(out)
+    }
+}
+
+/// A small deterministic generator (splitmix64).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn tensor_bytes(t: &TensorDef, rng: &mut Rng) -> Vec<u8> {
+    let n: u64 = t.shape.iter().product();
+    let n_bytes = t.ty.bytes_for(n).unwrap_or(0) as usize;
+    let one_d = t.shape.len() == 1;
+    if t.ty.is_writable() {
+        let values: Vec<f32> = (0..n)
+            .map(|_| {
+                let r = rng.unit();
+                if one_d { 1.0 + 0.1 * r } else { 0.1 * r }
+            })
+            .collect();
+        if let Ok(bytes) = llamay_formats::quantize(t.ty, &values) {
+            return bytes;
+        }
+    }
+    // Random blocks: keep 16-bit scale fields finite by clearing the exponent's top
+    // bit of every other byte pair; the values are garbage but finite enough.
+    let mut bytes: Vec<u8> = (0..n_bytes).map(|_| rng.next_u64() as u8).collect();
+    for pair in bytes.chunks_exact_mut(2) {
+        pair[1] &= 0x3F;
+    }
+    bytes
+}
+
+fn key(arch: &ArchSpec, k: &str) -> String {
+    format!("{}.{k}", arch.name)
+}
+
+/// The metadata a file of `arch` with shape `d` carries.
+pub fn metadata(arch: &'static ArchSpec, d: &Dims) -> Vec<(String, Value<'static>)> {
+    let u = |v: u64| Value::U32(v as u32);
+    let mut kv = vec![
+        (
+            "general.architecture".to_string(),
+            Value::String(arch.name.into()),
+        ),
+        (key(arch, "context_length"), u(d.n_ctx)),
+        (key(arch, "embedding_length"), u(d.n_embd)),
+        (key(arch, "block_count"), u(d.n_layer)),
+        (key(arch, "feed_forward_length"), u(d.n_ff)),
+        (key(arch, "attention.head_count"), u(d.n_head)),
+        (key(arch, "attention.head_count_kv"), u(d.n_head_kv)),
+        (key(arch, "attention.key_length"), u(d.head_dim)),
+        (key(arch, "attention.value_length"), u(d.head_dim)),
+    ];
+    if arch.rope != RopeStyle::None {
+        kv.push((key(arch, "rope.dimension_count"), u(d.head_dim)));
+        kv.push((key(arch, "rope.freq_base"), Value::F32(10_000.0)));
+    }
+    match arch.norm {
+        NormKind::Rms => kv.push((
+            key(arch, "attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        )),
+        NormKind::Layer => kv.push((key(arch, "attention.layer_norm_epsilon"), Value::F32(1e-5))),
+    }
+    if let SwaPattern::LastOfGroup(_) = arch.swa {
+        kv.push((key(arch, "attention.sliding_window"), u(8)));
+    }
+    kv
+}
+
+/// The tensors a file of `spec` carries, in llama.cpp's order.
+pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
+    let (arch, d, ty) = (spec.arch, &spec.dims, spec.ty);
+    let opt = spec.all_optional;
+    let mut out = Vec::new();
+    let mut add = |name: String, shape: Vec<u64>, optional: bool| {
+        let ty = if shape.len() == 1 { GgmlType::F32 } else { ty };
+        out.push(TensorDef {
+            name,
+            ty,
+            shape,
+            optional,
+        });
+    };
+    let e = d.n_embd;
+    let layer_norm = arch.norm == NormKind::Layer;
+    // A norm: weight, and for LayerNorm its bias (optional in the loader).
+    let norm = |add: &mut dyn FnMut(String, Vec<u64>, bool), name: &str| {
+        add(format!("{name}.weight"), vec![e], false);
+        if layer_norm {
+            add(format!("{name}.bias"), vec![e], true);
+        }
+    };
+    let linear = |add: &mut dyn FnMut(String, Vec<u64>, bool), name: &str, cols: u64, rows: u64| {
+        add(format!("{name}.weight"), vec![cols, rows], false);
+        if opt {
+            add(format!("{name}.bias"), vec![rows], true);
+        }
+    };
+    add("token_embd.weight".into(), vec![e, d.n_vocab], false);
+    if arch.learned_positions {
+        add("position_embd.weight".into(), vec![e, d.n_ctx], false);
+    }
+    norm(&mut add, "output_norm");
+    if opt {
+        // Untied output: optional itself (the embedding is used without it).
+        add("output.weight".into(), vec![e, d.n_vocab], true);
+        add("output.bias".into(), vec![d.n_vocab], true);
+    }
+    let half = d.head_dim / 2;
+    match spec.rope_factors {
+        RopeFactors::None => {}
+        RopeFactors::Fixed => add("rope_freqs.weight".into(), vec![half], true),
+        RopeFactors::LongShort => {
+            add("rope_factors_long.weight".into(), vec![half], true);
+            add("rope_factors_short.weight".into(), vec![half], true);
+        }
+    }
+    let (qd, kvd) = (d.n_head * d.head_dim, d.n_head_kv * d.head_dim);
+    for il in 0..d.n_layer {
+        let p = |s: &str| format!("blk.{il}.{s}");
+        norm(&mut add, &p("attn_norm"));
+        match arch.qkv {
+            QkvLayout::Separate => {
+                linear(&mut add, &p("attn_q"), e, qd);
+                linear(&mut add, &p("attn_k"), e, kvd);
+                linear(&mut add, &p("attn_v"), e, kvd);
+            }
+            QkvLayout::Fused => linear(&mut add, &p("attn_qkv"), e, qd + 2 * kvd),
+        }
+        if arch.qk_norm {
+            add(p("attn_q_norm.weight"), vec![d.head_dim], false);
+            add(p("attn_k_norm.weight"), vec![d.head_dim], false);
+        }
+        linear(&mut add, &p("attn_output"), qd, e);
+        if arch.post_norms {
+            add(p("post_attention_norm.weight"), vec![e], false);
+        }
+        if arch.residual != (Residual::Parallel { shared_norm: true }) {
+            norm(&mut add, &p("ffn_norm"));
+        }
+        match arch.ffn {
+            FfnKind::SwiGlu | FfnKind::GeGlu => {
+                linear(&mut add, &p("ffn_gate"), e, d.n_ff);
+                linear(&mut add, &p("ffn_up"), e, d.n_ff);
+            }
+            FfnKind::Gelu => linear(&mut add, &p("ffn_up"), e, d.n_ff),
+            FfnKind::SwiGluStacked => linear(&mut add, &p("ffn_up"), e, 2 * d.n_ff),
+        }
+        linear(&mut add, &p("ffn_down"), d.n_ff, e);
+        if arch.post_norms {
+            add(p("post_ffw_norm.weight"), vec![e], false);
+        }
+    }
+    out
+}
