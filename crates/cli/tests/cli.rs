@@ -430,3 +430,60 @@ fn quantize_refusals_leave_no_output() {
         .collect();
     assert!(leftovers.is_empty(), "temporary files removed");
 }
+
+/// `info` on a file of every table row with every optional tensor (GPT-2, GPT-NeoX and
+/// Phi-2 with their fused QKV bias exited 101 with a backtrace before), then with each
+/// matrix given a zero dimension: runnable, or an `error:`-free refusal naming the
+/// tensor, never a panic.
+#[test]
+fn info_on_every_row_with_every_optional_tensor_and_zero_dimensions() {
+    use llamay_synth::{Dims, ModelFile, RopeFactors, Spec};
+    for arch in llamay_engine::ARCHITECTURES {
+        let spec = Spec {
+            dims: Dims::TINY,
+            all_optional: true,
+            rope_factors: RopeFactors::None,
+            ..Spec::new(arch)
+        };
+        let full = ModelFile::new(&spec);
+        let path = temp(&format!("{}-full.gguf", arch.name));
+        std::fs::write(&path, full.write().unwrap()).unwrap();
+        let o = llamay(&["info", "--json", "-m", path.to_str().unwrap()]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}: {}",
+            arch.name,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let j: Json = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(
+            j["runnable"],
+            Json::Bool(true),
+            "{}: {}",
+            arch.name,
+            j["refusal"]
+        );
+
+        let i = full
+            .tensors
+            .iter()
+            .position(|t| t.shape.len() == 2)
+            .unwrap();
+        let mut zero = full.clone();
+        zero.tensors[i].shape[1] = 0;
+        std::fs::write(&path, zero.write().unwrap()).unwrap();
+        let o = llamay(&["info", "--json", "-m", path.to_str().unwrap()]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}: {}",
+            arch.name,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let j: Json = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(j["runnable"], Json::Bool(false), "{}", arch.name);
+        let why = j["refusal"].as_str().unwrap_or_default();
+        assert!(why.contains(&zero.tensors[i].name), "{}: {why}", arch.name);
+    }
+}

@@ -225,7 +225,50 @@ pub fn metadata(arch: &'static ArchSpec, d: &Dims) -> Vec<(String, Value<'static
     if let SwaPattern::LastOfGroup(_) = arch.swa {
         kv.push((key(arch, "attention.sliding_window"), u(8)));
     }
+    kv.extend(vocabulary(d.n_vocab));
     kv
+}
+
+/// A SentencePiece vocabulary of `n` tokens (`<unk>`, `<s>`, `</s>`, then `▁t3`,
+/// `▁t4`, ...), so that the CLI can load the tokenizer too. The pieces are made once
+/// (metadata values borrow `'static` strings); a vocabulary larger than that table is
+/// cut to it.
+fn vocabulary(n: u64) -> Vec<(String, Value<'static>)> {
+    use llamay_gguf::{Array, GgufStr};
+    static PIECES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let table = PIECES.get_or_init(|| {
+        (0..4096)
+            .map(|i| match i {
+                0 => "<unk>".to_string(),
+                1 => "<s>".to_string(),
+                2 => "</s>".to_string(),
+                _ => format!("\u{2581}t{i}"),
+            })
+            .collect()
+    });
+    let n = n.min(table.len() as u64);
+    let pieces: Vec<&'static str> = table[..n as usize].iter().map(String::as_str).collect();
+    let types: Vec<i32> = (0..n).map(|i| if i < 3 { 3 } else { 1 }).collect();
+    let scores: Vec<f32> = (0..n).map(|i| -(i as f32)).collect();
+    vec![
+        ("tokenizer.ggml.model".into(), Value::String("llama".into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(Array::strings(
+                pieces.into_iter().map(GgufStr::from).collect(),
+            )),
+        ),
+        (
+            "tokenizer.ggml.scores".into(),
+            Value::Array(Array::from_f32s(&scores)),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(Array::from_i32s(&types)),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
+    ]
 }
 
 /// The tensors a file of `spec` carries, in llama.cpp's order.

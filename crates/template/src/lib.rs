@@ -11,6 +11,35 @@ use serde::Serialize;
 /// Instructions a template may execute per render: real templates use thousands.
 const FUEL: u64 = 5_000_000;
 
+/// Bytes a render may produce: far above any real prompt (a 10M-token context is about
+/// 40 MB of text), far below what a runaway loop would allocate. A single string
+/// repetition is capped by minijinja itself (100 MB), before it allocates.
+pub const MAX_OUTPUT: usize = 64 << 20;
+
+/// A writer that refuses to grow past `limit` bytes: the render fails at the bound
+/// instead of allocating what a hostile template asks for.
+struct Bounded {
+    out: Vec<u8>,
+    limit: usize,
+    /// Set when a write was refused (minijinja reports only that the write failed).
+    overflowed: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("output bound"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     #[error("chat template does not parse: {0}")]
@@ -224,13 +253,26 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| TemplateError::Syntax(e.to_string()))?;
-        t.render(minijinja::context! {
+        let mut out = Bounded {
+            out: Vec::new(),
+            limit: MAX_OUTPUT,
+            overflowed: false,
+        };
+        let ctx = minijinja::context! {
             messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
-        })
-        .map_err(|e| TemplateError::Render(e.to_string()))
+        };
+        if let Err(e) = t.render_captured_to(ctx, &mut out) {
+            return Err(TemplateError::Render(if out.overflowed {
+                format!("the rendered prompt would exceed {} MiB", MAX_OUTPUT >> 20)
+            } else {
+                e.to_string()
+            }));
+        }
+        // Templates are UTF-8 and so is every value they are given.
+        String::from_utf8(out.out).map_err(|e| TemplateError::Render(e.to_string()))
     }
 }
 
@@ -278,5 +320,53 @@ mod tests {
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}").unwrap();
         let e = t.render(&[], true, "", "").unwrap_err();
         assert!(e.to_string().contains("no system role"), "{e}");
+    }
+
+    fn render_err(src: &str) -> String {
+        let t = ChatTemplate::new(src).unwrap();
+        match t.render(&[Message::new("user", "hi")], true, "", "") {
+            Err(TemplateError::Render(e)) => e,
+            other => panic!("{src}: {other:?}"),
+        }
+    }
+
+    /// One instruction asking for 2 GiB: refused before it allocates.
+    #[test]
+    fn a_huge_string_repetition_is_an_error() {
+        // minijinja checks the result's size against the fuel left (its fuel also
+        // pays for bytes) and against its own 100 MB cap, before the allocation.
+        for src in [
+            "{{ 'x' * 2**31 }}",
+            "{{ 'x' * 2147483648 }}",
+            "{{ ('x' * 99999999) * 30 }}",
+        ] {
+            let e = render_err(src);
+            assert!(e.contains("fuel") || e.contains("too large"), "{src}: {e}");
+        }
+    }
+
+    /// Each iteration is cheap in fuel but makes 1 MB: stopped by the output bound,
+    /// long before the 5 GB it asks for.
+    #[test]
+    fn output_beyond_the_bound_is_an_error() {
+        let e = render_err("{% for i in range(5000) %}{{ 'x' * 1000000 }}{% endfor %}");
+        assert!(e.contains("exceed"), "{e}");
+        // Just under the bound renders.
+        let t = ChatTemplate::new("{{ 'x' * 60000000 }}").unwrap();
+        assert_eq!(t.render(&[], true, "", "").unwrap().len(), 60_000_000);
+    }
+
+    #[test]
+    fn endless_recursion_and_loops_are_errors() {
+        let e = render_err("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+        assert!(e.contains("recursion"), "{e}");
+        let e = render_err("{% for m in messages * 100000000 %}{% endfor %}");
+        assert!(!e.is_empty());
+        let e = render_err("{% for i in range(10000000) %}{% endfor %}");
+        assert!(e.contains("too many"), "{e}");
+        let e = render_err(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        );
+        assert!(e.contains("fuel"), "{e}");
     }
 }
