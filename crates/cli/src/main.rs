@@ -15,7 +15,8 @@ use std::process::ExitCode;
 #[command(
     name = "llamay",
     version,
-    about = "Local inference engine for GGUF language models"
+    about = "Local inference engine for GGUF language models",
+    after_help = "The command-line contract: docs/cli.md in the llamay repository."
 )]
 struct Cli {
     #[command(subcommand)]

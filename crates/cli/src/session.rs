@@ -6,16 +6,50 @@ use llamay_engine::{Model, Threads};
 use llamay_gguf::{MappedModel, Model as Gguf};
 use llamay_tokenizer::Tokenizer;
 
-/// `-t N`: default one thread per available core.
+/// `-t N`: default one thread per physical core (docs/cli.md), as llama.cpp does: a
+/// second hyper-thread on a core shares its vector units and slows a compute-bound
+/// pool down.
 pub fn threads(flag: Option<usize>) -> anyhow::Result<Threads> {
     match flag {
         Some(0) => bail!("-t 0: at least one thread is needed"),
         Some(n) if n > 1024 => bail!("-t {n}: at most 1024 threads"),
         Some(n) => Ok(Threads(n)),
-        None => Ok(Threads(
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-        )),
+        None => Ok(Threads(physical_cores())),
     }
+}
+
+/// Physical cores this process may run on: on Linux, the distinct (package, core) pairs
+/// of the topology in /sys, capped by the CPUs the process is allowed (affinity,
+/// cgroup quota); elsewhere, or when /sys does not say, the logical CPUs allowed.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    physical_cores_from(std::path::Path::new("/sys/devices/system/cpu"))
+        .map_or(logical, |p| p.clamp(1, logical))
+}
+
+/// The distinct (physical_package_id, core_id) pairs under `cpu_dir`
+/// (`cpuN/topology/...`), or `None` if it holds none.
+pub fn physical_cores_from(cpu_dir: &std::path::Path) -> Option<usize> {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    let mut cores = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(cpu_dir).ok()?.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let is_cpu = name
+            .strip_prefix("cpu")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_cpu {
+            continue;
+        }
+        let topo = entry.path().join("topology");
+        if let (Some(pkg), Some(core)) = (
+            read(topo.join("physical_package_id")),
+            read(topo.join("core_id")),
+        ) {
+            cores.insert((pkg.trim().to_string(), core.trim().to_string()));
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
 }
 
 /// `-c N`: 0 or absent means the model's training context, as in llama.cpp.
@@ -76,4 +110,36 @@ pub fn load<'a>(
         );
     }
     Ok((model, tok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two packages of two cores with two hyper-threads each, plus a directory that
+    /// is not a CPU: four physical cores.
+    #[test]
+    fn physical_cores_count_distinct_package_core_pairs() {
+        let dir = std::env::temp_dir().join(format!("llamay-topology-{}", std::process::id()));
+        for (cpu, pkg, core) in [
+            (0, 0, 0),
+            (1, 0, 1),
+            (2, 0, 0),
+            (3, 0, 1),
+            (4, 1, 0),
+            (5, 1, 0),
+            (6, 1, 1),
+            (7, 1, 1),
+        ] {
+            let t = dir.join(format!("cpu{cpu}/topology"));
+            std::fs::create_dir_all(&t).unwrap();
+            std::fs::write(t.join("physical_package_id"), format!("{pkg}\n")).unwrap();
+            std::fs::write(t.join("core_id"), format!("{core}\n")).unwrap();
+        }
+        std::fs::create_dir_all(dir.join("cpufreq")).unwrap();
+        assert_eq!(physical_cores_from(&dir), Some(4));
+        assert_eq!(physical_cores_from(&dir.join("cpufreq")), None);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(physical_cores() >= 1);
+    }
 }

@@ -1,4 +1,4 @@
-//! The command-line contract (shared/cli.md) for info, dump and quantize: output
+//! The command-line contract (docs/cli.md) for info, dump and quantize: output
 //! shapes, exit codes, one `error:` line on failure, never a panic.
 
 use llamay_formats::GgmlType;
@@ -472,6 +472,7 @@ fn info_on_every_row_with_every_optional_tensor_and_zero_dimensions() {
             .unwrap();
         let mut zero = full.clone();
         zero.tensors[i].shape[1] = 0;
+        let path = temp(&format!("{}-zero.gguf", arch.name));
         std::fs::write(&path, zero.write().unwrap()).unwrap();
         let o = llamay(&["info", "--json", "-m", path.to_str().unwrap()]);
         assert_eq!(
@@ -486,4 +487,44 @@ fn info_on_every_row_with_every_optional_tensor_and_zero_dimensions() {
         let why = j["refusal"].as_str().unwrap_or_default();
         assert!(why.contains(&zero.tensors[i].name), "{}: {why}", arch.name);
     }
+}
+
+/// `detokenize` gives back exactly the text `tokenize` was given, on a BPE vocabulary
+/// whose llama.cpp detokenizer cleans up spaces (" ," becomes ","); `--clean-spaces`
+/// asks for that clean-up.
+#[test]
+fn detokenize_is_exact_unless_asked_to_clean_spaces() {
+    let Some(tree) =
+        llamay_synth::reference::path("LLAMAY_REF_TREE", "LLAMAY_REF_TREE=$(scripts/fetch-ref)")
+    else {
+        return;
+    };
+    let vocab = tree.join("models/ggml-vocab-gpt-2.gguf");
+    let vocab = vocab.to_str().unwrap();
+    let text = "Hello , world . It 's here !";
+    let ids = stdout(&llamay(&[
+        "tokenize", "-m", vocab, "--ids", "--no-bos", "-p", text,
+    ]));
+    let detok = |extra: &[&str]| {
+        let mut args = vec!["detokenize", "-m", vocab];
+        args.extend_from_slice(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_llamay"))
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(ids.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0));
+        stdout(&o)
+    };
+    assert_eq!(detok(&[]), text);
+    assert_eq!(detok(&["--clean-spaces"]), "Hello, world. It's here!");
 }

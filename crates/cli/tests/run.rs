@@ -205,3 +205,27 @@ fn perplexity_contract() {
         "needs at least",
     );
 }
+
+/// As llama.cpp's `-f`: one trailing newline of the prompt file is dropped (an editor
+/// adds it; with it the continuation differs from `-p` of the same text).
+#[test]
+fn prompt_file_drops_one_trailing_newline() {
+    let m = fixture("llama-Q8_0.gguf");
+    let m = m.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("llamay-run-f-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", m, "-n", "6", "--temp", "0", "--raw"];
+        args.extend_from_slice(extra);
+        ok_stdout(&llamay(&args))
+    };
+    for (file_text, same_as) in [("hello world\n", "hello world"), ("hello\n\n", "hello\n")] {
+        let f = dir.join("prompt.txt");
+        std::fs::write(&f, file_text).unwrap();
+        assert_eq!(
+            run(&["-f", f.to_str().unwrap()]),
+            run(&["-p", same_as]),
+            "{file_text:?}"
+        );
+    }
+}

@@ -11,6 +11,7 @@
 //! tensor this file lacks, or leaves one of its tensors unread, fails the tests.
 
 mod hostile;
+pub mod reference;
 
 pub use hostile::{HostileModel, Outcome, exercise, hostile};
 

@@ -74,11 +74,23 @@ fn decode_byte_level(text: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Whether detokenisation applies the vocabulary's space clean-up (llama.cpp's
+/// `clean_up_tokenization_spaces`: `" ,"` → `","` and the like), which loses the
+/// round trip `decode(encode(x)) == x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CleanSpaces {
+    /// As the vocabulary asks (llama.cpp's `llama_detokenize`).
+    AsVocabulary,
+    /// Never: the text the tokens spell.
+    Never,
+}
+
 pub(crate) fn detokenize(
     t: &Tokenizer,
     ids: &[u32],
     remove_special: bool,
     unparse_special: bool,
+    clean: CleanSpaces,
 ) -> Result<Vec<u8>, TokenizerError> {
     for &id in ids {
         t.check(id)?;
@@ -101,7 +113,7 @@ pub(crate) fn detokenize(
         remove_space = false;
         text.extend_from_slice(p);
     }
-    if t.clean_spaces {
+    if t.clean_spaces && clean == CleanSpaces::AsVocabulary {
         text = clean_spaces(text);
     }
     Ok(text)

@@ -344,7 +344,20 @@ impl Tokenizer {
         remove_special: bool,
         unparse_special: bool,
     ) -> Result<Vec<u8>, TokenizerError> {
-        decode::detokenize(self, ids, remove_special, unparse_special)
+        let clean = decode::CleanSpaces::AsVocabulary;
+        decode::detokenize(self, ids, remove_special, unparse_special, clean)
+    }
+
+    /// [`Tokenizer::detokenize`] without the vocabulary's space clean-up: exactly the
+    /// text the pieces spell, so `decode(encode(x)) == x`.
+    pub fn detokenize_exact(
+        &self,
+        ids: &[u32],
+        remove_special: bool,
+        unparse_special: bool,
+    ) -> Result<Vec<u8>, TokenizerError> {
+        let clean = decode::CleanSpaces::Never;
+        decode::detokenize(self, ids, remove_special, unparse_special, clean)
     }
 
     /// A streaming decoder for this tokenizer (never emits partial UTF-8).

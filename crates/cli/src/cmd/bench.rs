@@ -32,7 +32,7 @@ pub struct Args {
     /// Tokens already in the context before each test.
     #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
     n_depth: usize,
-    /// Timed repetitions of each test (3, as ../shared/cli.md states; llama-bench's is 5).
+    /// Timed repetitions of each test (3, as docs/cli.md states; llama-bench's is 5).
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     reps: usize,
     #[arg(short = 't', long)]

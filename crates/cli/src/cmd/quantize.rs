@@ -32,12 +32,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.input == args.output {
         bail!("input and output are the same file; choose another output path");
     }
-    let threads = match args.threads {
-        Some(0) => bail!("-t 0: at least one thread is needed"),
-        Some(n) if n > 1024 => bail!("-t {n}: at most 1024 threads"),
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
+    let threads = crate::session::threads(args.threads)?.0;
     let start = Instant::now();
     let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
     let reports = quantize_file(&args.input, &args.output, target, threads, |r| {

@@ -90,7 +90,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), None) => p.clone(),
         (None, Some(f)) => {
-            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
+            let mut text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            // As llama.cpp's -f: one trailing newline is dropped, so a prompt file made
+            // with an editor continues as the same prompt given with -p.
+            if text.ends_with('\n') {
+                text.pop();
+            }
+            text
         }
         _ => bail!("give a prompt with -p TEXT or -f FILE"),
     };

@@ -38,6 +38,11 @@ pub struct DetokArgs {
     /// string of its text.
     #[arg(long)]
     jsonl: bool,
+    /// Apply the vocabulary's space clean-up as llama.cpp's detokenizer does (" ," to
+    /// "," and the like, for vocabularies that ask for it). The output then no longer
+    /// round-trips: `tokenize` of it may give other ids. Default: the exact text.
+    #[arg(long)]
+    clean_spaces: bool,
 }
 
 fn load(model: &ModelArg) -> anyhow::Result<Tokenizer> {
@@ -108,7 +113,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// The text for ids as `tokenize` produced them: a leading BOS (and trailing EOS)
 /// that the vocabulary adds are dropped, other special tokens are rendered as their
 /// text, and the space prefix SentencePiece adds is removed.
-fn detok(tok: &Tokenizer, ids: &[u32]) -> anyhow::Result<Vec<u8>> {
+fn detok(tok: &Tokenizer, ids: &[u32], clean_spaces: bool) -> anyhow::Result<Vec<u8>> {
     let mut ids = ids;
     if tok.add_bos() && !ids.is_empty() && Some(ids[0]) == tok.bos() {
         ids = &ids[1..];
@@ -116,7 +121,11 @@ fn detok(tok: &Tokenizer, ids: &[u32]) -> anyhow::Result<Vec<u8>> {
     if tok.add_eos() && !ids.is_empty() && Some(ids[ids.len() - 1]) == tok.eos() {
         ids = &ids[..ids.len() - 1];
     }
-    Ok(tok.detokenize(ids, false, true)?)
+    Ok(if clean_spaces {
+        tok.detokenize(ids, false, true)?
+    } else {
+        tok.detokenize_exact(ids, false, true)?
+    })
 }
 
 fn parse_ids(s: &str, what: &str) -> anyhow::Result<Vec<u32>> {
@@ -140,7 +149,7 @@ pub fn run_detokenize(args: &DetokArgs) -> anyhow::Result<()> {
                 continue;
             }
             let ids = parse_ids(&line, &format!("stdin line {}", i + 1))?;
-            let text = detok(&tok, &ids)?;
+            let text = detok(&tok, &ids, args.clean_spaces)?;
             // JSON strings are Unicode: bytes that are not UTF-8 become U+FFFD
             serde_json::to_writer(&mut w, &String::from_utf8_lossy(&text))?;
             w.write_all(b"\n")?;
@@ -152,7 +161,7 @@ pub fn run_detokenize(args: &DetokArgs) -> anyhow::Result<()> {
             .read_to_string(&mut s)
             .context("reading stdin")?;
         let ids = parse_ids(s.trim(), "stdin")?;
-        w.write_all(&detok(&tok, &ids)?)?;
+        w.write_all(&detok(&tok, &ids, args.clean_spaces)?)?;
     }
     w.flush()?;
     Ok(())
