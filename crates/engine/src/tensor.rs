@@ -49,6 +49,16 @@ impl<'a> Matrix<'a> {
                 t.name
             )));
         }
+        // Readable is not enough: Q8_1 and Q8_K are activation formats, with no dot
+        // product as weights (a matmul on one would only fill its output with NaN).
+        if !llamay_kernels::supports(t.ty) {
+            return Err(LoadError::Unsupported(format!(
+                "tensor '{}': {} is an activation format, not a weight format; weight matrices may be {}",
+                t.name,
+                t.ty,
+                weight_type_names()
+            )));
+        }
         let row_bytes = t.ty.bytes_for(cols as u64).ok_or_else(|| {
             LoadError::Shape(format!(
                 "tensor '{}': {cols} columns is not a whole number of {} blocks",
@@ -91,6 +101,15 @@ impl<'a> Matrix<'a> {
         // Shapes and types were checked at bind time, so this cannot fail.
         let _ = dequantize(self.ty, bytes, out);
     }
+}
+
+/// The types a weight matrix may have, for refusals.
+fn weight_type_names() -> String {
+    (llamay_formats::ALL_TYPES.iter())
+        .filter(|&&t| t.is_readable() && llamay_kernels::supports(t))
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// How many threads compute; one per physical core by default.

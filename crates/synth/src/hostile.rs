@@ -294,6 +294,12 @@ pub fn exercise(bytes: &[u8]) -> Outcome {
         .decode(&mut caches, &batch)
         .unwrap_or_else(|e| panic!("a loaded model refused a valid batch: {e}"));
     assert_eq!(logits.values.len(), n * c.n_vocab);
+    // The weights are finite and small (see `tensor_bytes`), so NaN logits mean a
+    // computation was skipped: the kernels' answer to shapes that do not match.
+    assert!(
+        logits.values.iter().all(|v| !v.is_nan()),
+        "a loaded model gave NaN logits"
+    );
     assert_eq!(caches[0].len(), n);
     Outcome::Decoded
 }

@@ -182,11 +182,19 @@ fn tensor_bytes(t: &TensorDef, rng: &mut Rng) -> Vec<u8> {
             return bytes;
         }
     }
-    // Random blocks: keep 16-bit scale fields finite by clearing the exponent's top
-    // bit of every other byte pair; the values are garbage but finite enough.
+    // Random blocks, kept finite and small (`exercise` takes NaN logits for a skipped
+    // computation): 16-bit scale fields stay below 2 by clearing the top exponent bits
+    // of every other byte; MXFP4's byte scales stay near 1.
     let mut bytes: Vec<u8> = (0..n_bytes).map(|_| rng.next_u64() as u8).collect();
     for pair in bytes.chunks_exact_mut(2) {
         pair[1] &= 0x3F;
+    }
+    if t.ty == GgmlType::MXFP4 {
+        // Each block starts with an E8M0 scale (2^(e - 127); 255 is NaN): near 1.
+        let block = t.ty.type_size() as usize;
+        for b in bytes.chunks_exact_mut(block) {
+            b[0] = 120 + (b[0] & 7);
+        }
     }
     bytes
 }

@@ -168,3 +168,22 @@ fn seeded_hostile_models_are_refused_or_run_never_panic() {
         "{refused} refused, {decoded} decoded"
     );
 }
+
+/// Found by the model_load fuzz target: Q8_K (and Q8_1) are readable but are
+/// activation formats; as weights the matmul had no kernel and filled NaN.
+#[test]
+fn activation_formats_as_weights_are_refused_by_name() {
+    for ty in [GgmlType::Q8_K, GgmlType::Q8_1] {
+        let s = Spec {
+            ty,
+            dims: Dims::SMALL,
+            ..Spec::new(&ARCHITECTURES[0])
+        };
+        let e = check(&ModelFile::new(&s)).expect_err(&ty.to_string());
+        let msg = e.to_string();
+        assert!(
+            msg.contains("token_embd.weight") && msg.contains("activation format"),
+            "{msg}"
+        );
+    }
+}
