@@ -445,18 +445,17 @@ fn info_on_every_row_with_every_optional_tensor_and_zero_dimensions() {
             rope_factors: RopeFactors::None,
             ..Spec::new(arch)
         };
+        // `info --json` on `file`, written as `<arch>-<name>.gguf`: exit 0, its JSON.
+        let info = |file: &ModelFile, name: &str| -> Json {
+            let path = temp(&format!("{}-{name}.gguf", arch.name));
+            std::fs::write(&path, file.write().unwrap()).unwrap();
+            let o = llamay(&["info", "--json", "-m", path.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(0), "{}: {err}", arch.name);
+            serde_json::from_str(&stdout(&o)).unwrap()
+        };
         let full = ModelFile::new(&spec);
-        let path = temp(&format!("{}-full.gguf", arch.name));
-        std::fs::write(&path, full.write().unwrap()).unwrap();
-        let o = llamay(&["info", "--json", "-m", path.to_str().unwrap()]);
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}: {}",
-            arch.name,
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let j: Json = serde_json::from_str(&stdout(&o)).unwrap();
+        let j = info(&full, "full");
         assert_eq!(
             j["runnable"],
             Json::Bool(true),
@@ -472,17 +471,7 @@ fn info_on_every_row_with_every_optional_tensor_and_zero_dimensions() {
             .unwrap();
         let mut zero = full.clone();
         zero.tensors[i].shape[1] = 0;
-        let path = temp(&format!("{}-zero.gguf", arch.name));
-        std::fs::write(&path, zero.write().unwrap()).unwrap();
-        let o = llamay(&["info", "--json", "-m", path.to_str().unwrap()]);
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}: {}",
-            arch.name,
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let j: Json = serde_json::from_str(&stdout(&o)).unwrap();
+        let j = info(&zero, "zero");
         assert_eq!(j["runnable"], Json::Bool(false), "{}", arch.name);
         let why = j["refusal"].as_str().unwrap_or_default();
         assert!(why.contains(&zero.tensors[i].name), "{}: {why}", arch.name);

@@ -181,9 +181,7 @@ pub(crate) fn attention_with(
             let mut segs = segments(lo, hi, segment).map(run);
             let mut state = segs.next().unwrap_or_else(|| run((lo, lo)));
             for p in segs {
-                for r in 0..state.m.len() {
-                    state.fold_row(r, &p, hv);
-                }
+                state.fold(&p, hv);
             }
             state
         };
@@ -202,9 +200,7 @@ pub(crate) fn attention_with(
                 let i0 = first[b] + kvh * n_seg[b];
                 let (head, rest) = parts[i0..i0 + n_seg[b]].split_at_mut(1);
                 for p in rest.iter() {
-                    for r in 0..head[0].m.len() {
-                        head[0].fold_row(r, p, hv);
-                    }
+                    head[0].fold(p, hv);
                 }
             }
         }
@@ -236,9 +232,16 @@ pub(crate) fn attention_with(
 }
 
 impl Partial {
-    /// Folds row `r` of `p` (the partial of a later segment, same rows) into row `r`
-    /// of `self`: the one merge step both task shapes use, so their results agree bit
-    /// for bit. A segment the row does not see (max −∞) changes nothing.
+    /// Folds `p` (the partial of a later segment, same rows) into `self`, row by row:
+    /// the one merge step both task shapes use, so their results agree bit for bit.
+    fn fold(&mut self, p: &Partial, hv: usize) {
+        for r in 0..self.m.len() {
+            self.fold_row(r, p, hv);
+        }
+    }
+
+    /// Row `r` of [`Partial::fold`]. A segment the row does not see (max −∞) changes
+    /// nothing.
     fn fold_row(&mut self, r: usize, p: &Partial, hv: usize) {
         let pm = p.m[r];
         if pm == f32::NEG_INFINITY {

@@ -81,6 +81,11 @@ impl Keys<'_, '_> {
             .ok_or_else(|| LoadError::Metadata(format!("missing required key '{}'", self.key(k))))
     }
 
+    /// A float that must be finite and positive when present (see [`positive`]).
+    fn positive(&self, k: &str) -> Result<Option<f32>, LoadError> {
+        positive(&self.key(k), self.float(k)?)
+    }
+
     fn float(&self, k: &str) -> Result<Option<f32>, LoadError> {
         Ok(self
             .md
@@ -184,20 +189,11 @@ impl Config {
             Some(f) => Some(f),
             None => k.float("rope.scale_linear")?,
         };
-        // 0 means "no scaling" in llama.cpp's converters; anything else must be usable.
-        if let Some(f) = factor.filter(|&f| f != 0.0) {
-            positive(&k.key("rope.scaling.factor"), Some(f))?;
-        }
         let kind = md.get_str(&k.key("rope.scaling.type")).map_err(md_err)?;
-        let rope_scaling = RopeScaling::parse(kind, factor).map_err(LoadError::Metadata)?;
-        let attn_factor = k.float("rope.scaling.attn_factor")?.unwrap_or(1.0);
-        if !(attn_factor.is_finite() && attn_factor > 0.0) {
-            return Err(LoadError::Metadata(format!(
-                "rope.scaling.attn_factor {attn_factor} must be positive"
-            )));
-        }
-        let rope_base =
-            positive(&k.key("rope.freq_base"), k.float("rope.freq_base")?)?.unwrap_or(10_000.0);
+        let rope_scaling = RopeScaling::parse(kind, factor)
+            .map_err(|e| LoadError::Metadata(format!("{}.{e}", arch.name)))?;
+        let attn_factor = k.positive("rope.scaling.attn_factor")?.unwrap_or(1.0);
+        let rope_base = k.positive("rope.freq_base")?.unwrap_or(10_000.0);
         let rope = RopeParams::new(
             n_rot,
             rope_base,
@@ -209,8 +205,7 @@ impl Config {
         // Gemma 3's sliding layers have their own base and are never scaled (llama.cpp:
         // rope_freq_base/scale_train_swa); elsewhere every layer ropes alike.
         let rope_swa = if arch.swa_rope_base {
-            let key = "rope.freq_base_swa";
-            let base = positive(&k.key(key), k.float(key)?)?.unwrap_or(10_000.0);
+            let base = k.positive("rope.freq_base_swa")?.unwrap_or(10_000.0);
             RopeParams::new(n_rot, base, 1.0, rope_scaling, attn_factor, n_ctx_orig)
         } else {
             rope
@@ -258,6 +253,7 @@ impl Config {
         } else {
             1.0 / (head_dim_k as f32).sqrt()
         };
+        // 0 means "no cap", as in llama.cpp's converters.
         let softcap = |key: &str| -> Result<Option<f32>, LoadError> {
             positive(&k.key(key), k.float(key)?.filter(|&c| c != 0.0))
         };

@@ -29,6 +29,7 @@ pub enum RopeScaling {
 
 impl RopeScaling {
     /// The scaling named by `kind` with the file's `factor` (`None`, or 0: no factor).
+    /// Errors begin with the key they are about, less the architecture prefix.
     pub fn parse(kind: Option<&str>, factor: Option<f32>) -> Result<Self, String> {
         let factor = match factor {
             None => 1.0,
@@ -43,7 +44,7 @@ impl RopeScaling {
             Some("longrope") => Self::LongRope { factor },
             Some(other) => {
                 return Err(format!(
-                    "rope scaling type '{other}' is not known (none, linear, yarn and longrope are)"
+                    "rope.scaling.type '{other}' is not known (none, linear, yarn and longrope are)"
                 ));
             }
         })

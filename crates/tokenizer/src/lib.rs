@@ -16,7 +16,7 @@ mod unicode_data;
 mod vocab;
 mod wpm;
 
-pub use decode::StreamDecoder;
+pub use decode::{CleanSpaces, StreamDecoder};
 pub use rules::KNOWN_PRE;
 pub use vocab::{TokenType, attr};
 
@@ -334,29 +334,19 @@ impl Tokenizer {
     /// false)`, which is what `common_detokenize` and `llama-tokenize` use:
     /// control tokens render empty, clean-up of spaces as the vocabulary asks.
     pub fn decode(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
-        self.detokenize(ids, false, false)
+        self.detokenize(ids, false, false, CleanSpaces::AsVocabulary)
     }
 
-    /// llama.cpp `llama_detokenize` with both flags.
+    /// llama.cpp `llama_detokenize` with both flags; `clean` says whether the
+    /// vocabulary's space clean-up applies ([`CleanSpaces::Never`]: exactly the text
+    /// the pieces spell, so `decode(encode(x)) == x`).
     pub fn detokenize(
         &self,
         ids: &[u32],
         remove_special: bool,
         unparse_special: bool,
+        clean: CleanSpaces,
     ) -> Result<Vec<u8>, TokenizerError> {
-        let clean = decode::CleanSpaces::AsVocabulary;
-        decode::detokenize(self, ids, remove_special, unparse_special, clean)
-    }
-
-    /// [`Tokenizer::detokenize`] without the vocabulary's space clean-up: exactly the
-    /// text the pieces spell, so `decode(encode(x)) == x`.
-    pub fn detokenize_exact(
-        &self,
-        ids: &[u32],
-        remove_special: bool,
-        unparse_special: bool,
-    ) -> Result<Vec<u8>, TokenizerError> {
-        let clean = decode::CleanSpaces::Never;
         decode::detokenize(self, ids, remove_special, unparse_special, clean)
     }
 

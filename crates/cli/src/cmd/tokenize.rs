@@ -5,7 +5,7 @@ use crate::ModelArg;
 use crate::out;
 use anyhow::{Context, bail};
 use llamay_gguf::MappedModel;
-use llamay_tokenizer::Tokenizer;
+use llamay_tokenizer::{CleanSpaces, Tokenizer};
 use std::io::{BufRead, Read, Write};
 
 #[derive(clap::Args)]
@@ -121,11 +121,12 @@ fn detok(tok: &Tokenizer, ids: &[u32], clean_spaces: bool) -> anyhow::Result<Vec
     if tok.add_eos() && !ids.is_empty() && Some(ids[ids.len() - 1]) == tok.eos() {
         ids = &ids[..ids.len() - 1];
     }
-    Ok(if clean_spaces {
-        tok.detokenize(ids, false, true)?
+    let clean = if clean_spaces {
+        CleanSpaces::AsVocabulary
     } else {
-        tok.detokenize_exact(ids, false, true)?
-    })
+        CleanSpaces::Never
+    };
+    Ok(tok.detokenize(ids, false, true, clean)?)
 }
 
 fn parse_ids(s: &str, what: &str) -> anyhow::Result<Vec<u32>> {
