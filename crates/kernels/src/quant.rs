@@ -15,6 +15,13 @@ fn c_trunc(v: f32) -> i32 {
     }
 }
 
+/// An i32 as x86's saturating packs (`packs_epi32` then `packs_epi16`) make it a byte:
+/// a non-finite product, converted to `INT_MIN`, becomes -128.
+#[inline]
+fn packed_i8(q: i32) -> i8 {
+    q.clamp(-128, 127) as i8
+}
+
 /// ggml's `nearest_int` (round half to even through the magic number).
 #[inline]
 fn nearest_int(v: f32) -> i32 {
@@ -47,7 +54,7 @@ pub(crate) fn q8_0(x: &[f32], out: &mut [u8]) {
         let id = if max != 0.0 { 127.0 / max } else { 0.0 };
         b[0..2].copy_from_slice(&f16_bits(d));
         for (o, &v) in b[2..].iter_mut().zip(x) {
-            *o = c_trunc((v * id).round_ties_even()) as u8;
+            *o = packed_i8(c_trunc((v * id).round_ties_even())) as u8;
         }
     }
 }
@@ -62,9 +69,10 @@ pub(crate) fn q8_1(x: &[f32], out: &mut [u8]) {
         b[0..2].copy_from_slice(&f16_bits(d));
         let mut sum = 0i32;
         for (o, &v) in b[4..].iter_mut().zip(x) {
-            let q = c_trunc((v * id).round_ties_even()) as i8;
-            *o = q as u8;
-            sum += q as i32;
+            // ggml sums the 32-bit values before they are packed (wrapping).
+            let q = c_trunc((v * id).round_ties_even());
+            *o = packed_i8(q) as u8;
+            sum = sum.wrapping_add(q);
         }
         b[2..4].copy_from_slice(&f16_bits(d * sum as f32));
     }

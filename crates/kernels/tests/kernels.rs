@@ -367,6 +367,8 @@ fn simd_sets_cover_the_block_formats() {
 
 /// ggml-cpu's x86 `quantize_row_q8_0` / `quantize_row_q8_1`, written out independently:
 /// d = amax/127 stored as f16, q = round-half-even(x * (127/amax)), s = f16(d * Σq).
+/// For finite products only (the random inputs below); ggml's own bytes, non-finite
+/// products included, are `q8_activation_quantisers_equal_ggml_cpus_bytes`'s.
 fn x86_q8(ty: llamay_formats::GgmlType, x: &[f32]) -> Vec<u8> {
     let mut out = Vec::new();
     for block in x.chunks(32) {
@@ -417,6 +419,30 @@ fn q8_k_scale_takes_the_first_largest_magnitude() {
             let q = quantize_rows(Q8_K, &x, 256, &pool);
             let want = llamay_formats::quantize(Q8_K, &x).unwrap();
             assert_eq!(q.data, want, "first {first} sign {sign}");
+        }
+    }
+}
+
+/// The Q8_0/Q8_1 activation quantisers against bytes ggml-cpu itself produced
+/// (tests/data/q8_{0,1}-cpu.bin, scripts/gen-q8-cpu-vectors: llama.cpp b11434's
+/// `quantize_row_q8_0/1`, x86 native build) from the format suite's 52 rows of
+/// Gaussian and adversarial values (zeros, denormals, outliers, f16 overflow).
+#[test]
+fn q8_activation_quantisers_equal_ggml_cpus_bytes() {
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let input = std::fs::read(data.join("../../../formats/tests/data/quant-input.f32")).unwrap();
+    let x: Vec<f32> = input
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let pool = ThreadPool::new(2);
+    for (ty, file) in [(Q8_0, "q8_0-cpu.bin"), (Q8_1, "q8_1-cpu.bin")] {
+        let want = std::fs::read(data.join(file)).unwrap();
+        let got = quantize_rows(ty, &x, 256, &pool);
+        assert_eq!(got.data.len(), want.len(), "{ty}");
+        let block = if ty == Q8_0 { 34 } else { 36 };
+        for (i, (g, w)) in got.data.chunks(block).zip(want.chunks(block)).enumerate() {
+            assert_eq!(g, w, "{ty} block {i} (row {})", i / 8);
         }
     }
 }
