@@ -11,7 +11,7 @@
 use llamay_engine::{BatchToken, KvPrecision, Model, Threads};
 use llamay_gguf::MappedModel;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Largest gap (in logits) between our top-1 and llama.cpp's token that still counts
 /// as a near-tie. llama.cpp's own default run (f16 cache, flash attention) and its
@@ -29,11 +29,10 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn check(precision: KvPrecision, tokens_key: &str) -> (usize, usize, f32) {
-    let path = PathBuf::from(
-        std::env::var_os("LLAMAY_GEMMA")
-            .expect("LLAMAY_GEMMA is not set: LLAMAY_GEMMA=$(scripts/fetch-models)"),
-    );
+/// `None` when the model is absent outside scripts/test (skipped, saying why).
+fn check(precision: KvPrecision, tokens_key: &str) -> Option<(usize, usize, f32)> {
+    let path =
+        llamay_synth::reference::path("LLAMAY_GEMMA", "LLAMAY_GEMMA=$(scripts/fetch-models)")?;
     let doc: Value = serde_json::from_str(
         &std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gemma/greedy.json"),
@@ -82,19 +81,23 @@ fn check(precision: KvPrecision, tokens_key: &str) -> (usize, usize, f32) {
     eprintln!(
         "{precision:?} vs {tokens_key}: {exact} exact top-1, {ties} near-ties (largest gap {worst_tie:.3})"
     );
-    (exact, ties, worst_tie)
+    Some((exact, ties, worst_tie))
 }
 
 #[test]
 fn greedy_agrees_with_llama_cpp_f32_cache() {
-    let (exact, ties, _) = check(KvPrecision::F32, "tokens_f32_kv");
+    let Some((exact, ties, _)) = check(KvPrecision::F32, "tokens_f32_kv") else {
+        return;
+    };
     assert_eq!(exact + ties, 5 * 64);
     assert!(exact >= MIN_EXACT, "{exact} of 320 exact");
 }
 
 #[test]
 fn greedy_agrees_with_llama_completion_defaults() {
-    let (exact, ties, _) = check(KvPrecision::F16, "tokens");
+    let Some((exact, ties, _)) = check(KvPrecision::F16, "tokens") else {
+        return;
+    };
     assert_eq!(exact + ties, 5 * 64);
     assert!(exact >= MIN_EXACT, "{exact} of 320 exact");
 }
