@@ -52,6 +52,16 @@ pub fn physical_cores_from(cpu_dir: &std::path::Path) -> Option<usize> {
     (!cores.is_empty()).then_some(cores.len())
 }
 
+/// `--kv NAME`: the KV cache's precision.
+pub fn kv(flag: &str) -> anyhow::Result<llamay_engine::KvPrecision> {
+    llamay_engine::KvPrecision::parse(flag).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--kv {flag}: use one of {} (f32 exact, the default; f16 as llama.cpp's default; vq8 int8 values; q8 int8 keys and values)",
+            llamay_engine::KvPrecision::NAMES
+        )
+    })
+}
+
 /// `-c N`: 0 or absent means the model's training context, as in llama.cpp.
 pub fn context(flag: Option<usize>, model: &Model<'_>) -> anyhow::Result<usize> {
     const MAX_CTX: usize = 1 << 24;

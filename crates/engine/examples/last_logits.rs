@@ -6,7 +6,7 @@
 //!
 //! IDS_FILE holds comma- or whitespace-separated token ids.
 
-use llamay_engine::{BatchToken, KvPrecision, Model, Threads};
+use llamay_engine::{BatchToken, ContextParams, KvPrecision, Model, Threads};
 use llamay_gguf::MappedModel;
 use std::io::Write;
 use std::process::ExitCode;
@@ -37,7 +37,10 @@ fn run() -> Result<(), String> {
     let gguf = mapped.parse().map_err(|e| e.to_string())?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let model = Model::load(&gguf, Threads(threads)).map_err(|e| e.to_string())?;
-    let mut caches = vec![model.new_cache_with(ids.len(), kv)];
+    let mut ctx = model
+        .context(ContextParams::new(Threads(2), kv, ids.len()))
+        .unwrap();
+    let s0 = ctx.new_sequence();
     let first_kept = ids.len() - last;
     let mut out = std::io::BufWriter::new(std::fs::File::create(&a[4]).map_err(|e| e.to_string())?);
     let t0 = std::time::Instant::now();
@@ -47,15 +50,13 @@ fn run() -> Result<(), String> {
             .iter()
             .enumerate()
             .map(|(i, &t)| BatchToken {
-                seq: 0,
+                seq: s0,
                 token: t,
                 pos: base + i,
                 logits: base + i >= first_kept,
             })
             .collect();
-        let l = model
-            .decode(&mut caches, &batch)
-            .map_err(|e| e.to_string())?;
+        let l = ctx.decode(&batch).map_err(|e| e.to_string())?;
         for v in &l.values {
             out.write_all(&v.to_le_bytes()).map_err(|e| e.to_string())?;
         }

@@ -10,12 +10,14 @@
 //! partial (max, sum, output) triples are merged exactly, as flash-decoding does.
 //!
 //! Numerics: Q·K is `dot_f32` of the query (rounded to f16 for an f16 cache) and the
-//! key widened to f32, times the scale, then the soft-cap; exponentials, sums and the
+//! key widened to f32 — or, for int8 keys, ggml's `q8_0 · q8_0` integer dot with the
+//! query quantised to `q8_0`, as llama.cpp computes it — times the scale, then the
+//! soft-cap; int8 values are dequantised a tile at a time; exponentials, sums and the
 //! weighted sum of values in f32. Only the order of the softmax's operations differs
 //! from a plain softmax (the division comes last).
 
-use crate::forward::BatchToken;
-use crate::kv::KvCache;
+use crate::kv::{LayerKv, first_seen as first};
+use llamay_formats::GgmlType;
 use llamay_kernels::attn_tile::{TILE, pv_tile, scores_tile, softmax_row};
 use llamay_kernels::{ThreadPool, axpy_f32};
 use std::sync::OnceLock;
@@ -78,15 +80,15 @@ impl Block {
     }
 }
 
-/// First position a token at `pos` sees.
-fn first(pos: usize, window: Option<usize>) -> usize {
-    match window {
-        Some(w) if w > 0 => (pos + 1).saturating_sub(w),
-        _ => 0,
-    }
+/// One batch token as attention sees it: its sequence (an index into the views) and
+/// position.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slot {
+    pub seq: usize,
+    pub pos: usize,
 }
 
-fn blocks(batch: &[BatchToken], max: usize) -> Vec<Block> {
+fn blocks(batch: &[Slot], max: usize) -> Vec<Block> {
     let mut out: Vec<Block> = Vec::new();
     for (t, bt) in batch.iter().enumerate() {
         match out.last_mut() {
@@ -117,26 +119,24 @@ struct Partial {
     acc: Vec<f32>,
 }
 
-/// Attention of every batch token over its sequence's cache at layer `il` (whose keys
-/// and values for the batch are already appended). `q` is `batch.len() × n_head ×
+/// Attention of every batch token over its sequence's layer (`views[slot.seq]`, whose
+/// keys and values for the batch are already written). `q` is `batch.len() × n_head ×
 /// head_dim_k`; returns `batch.len() × n_head × head_dim_v`.
 pub(crate) fn attention(
     shape: &Shape,
-    caches: &[KvCache],
-    batch: &[BatchToken],
-    il: usize,
+    views: &[LayerKv<'_>],
+    batch: &[Slot],
     q: &[f32],
     pool: &ThreadPool,
 ) -> Vec<f32> {
-    attention_with(shape, &TUNING, caches, batch, il, q, pool)
+    attention_with(shape, &TUNING, views, batch, q, pool)
 }
 
 pub(crate) fn attention_with(
     shape: &Shape,
     tuning: &Tuning,
-    caches: &[KvCache],
-    batch: &[BatchToken],
-    il: usize,
+    views: &[LayerKv<'_>],
+    batch: &[Slot],
     q: &[f32],
     pool: &ThreadPool,
 ) -> Vec<f32> {
@@ -172,7 +172,7 @@ pub(crate) fn attention_with(
         let (b, kvh, k) = tasks[i];
         let block = &blocks[b];
         let (lo, hi) = ranges[b];
-        let run = |(c0, c1)| run_task(shape, &caches[block.seq], il, q, block, kvh, c0..c1);
+        let run = |(c0, c1)| run_task(shape, &views[block.seq], q, block, kvh, c0..c1);
         let p = if per_segment {
             segments(lo, hi, segment)
                 .nth(k)
@@ -277,11 +277,9 @@ impl Partial {
 
 /// One task: the query rows of `block` whose heads share KV head `kvh`, over KV
 /// positions `range` (each row limited to the positions it sees).
-#[allow(clippy::too_many_arguments)]
 fn run_task(
     shape: &Shape,
-    cache: &KvCache,
-    il: usize,
+    kv: &LayerKv<'_>,
     q: &[f32],
     block: &Block,
     kvh: usize,
@@ -296,13 +294,22 @@ fn run_task(
         let (t, head) = (block.t0 + r / group, kvh * group + r % group);
         dst.copy_from_slice(&q[(t * nh + head) * hk..(t * nh + head + 1) * hk]);
     }
-    cache.precision().round(&mut qs);
+    let precision = kv.precision();
+    precision.round_query(&mut qs);
+    // For int8 keys, the query rows in `q8_0` (as llama.cpp quantises Q for a `q8_0`
+    // cache), so each score is ggml's integer block dot.
+    let q8_row = hk / 32 * 34;
+    let q8: Option<Vec<u8>> = precision.int8_keys().then(|| {
+        let mut out = vec![0u8; rows * q8_row];
+        for (x, o) in qs.chunks_exact(hk).zip(out.chunks_exact_mut(q8_row)) {
+            llamay_kernels::quantize_row(GgmlType::Q8_0, x, o);
+        }
+        out
+    });
 
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0f32; rows];
     let mut acc = vec![0f32; rows * hv];
-    let (kdim, vdim) = cache.dims();
-    let (keys, values) = (cache.keys(il), cache.values(il));
     let mut kbuf = Vec::new();
     // The tile's values (`TILE × hv`, zero past the range's end); the scores, then the
     // weights, of every row. Keys come transposed from the cache (`hk × TILE`).
@@ -319,12 +326,30 @@ fn run_task(
         let ts = tile * TILE;
         let te = (ts + TILE).min(range.end);
         let n = te - ts;
-        let kt = keys.key_tile(tile, kdim, kvh * hk, hk, &mut kbuf);
         if n < TILE {
             vt[n * hv..].fill(0.0);
         }
-        values.rows_into(ts, n, vdim, kvh * hv, hv, &mut vt);
-        scores_tile(&qs, rows, hk, kt, &mut s);
+        kv.values_into(ts, n, kvh * hv, hv, &mut vt);
+        match &q8 {
+            Some(q8) => {
+                let (keys, stride) = kv.key_rows_q8(tile, kvh * hk);
+                for (r, srow) in s.chunks_exact_mut(TILE).enumerate() {
+                    let qr = &q8[r * q8_row..(r + 1) * q8_row];
+                    for (j, sj) in srow.iter_mut().enumerate() {
+                        *sj = if j < n {
+                            let k = &keys[j * stride..j * stride + q8_row];
+                            llamay_kernels::vec_dot(GgmlType::Q8_0, k, qr, hk)
+                        } else {
+                            0.0
+                        };
+                    }
+                }
+            }
+            None => {
+                let kt = kv.key_tile(tile, kvh * hk, hk, &mut kbuf);
+                scores_tile(&qs, rows, hk, kt, &mut s);
+            }
+        }
         for i in 0..block.n {
             let pos = block.pos0 + i;
             // Tile-local positions this token sees.
@@ -349,7 +374,7 @@ fn run_task(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::KvPrecision;
+    use crate::kv::{KvPool, KvPrecision, SeqId};
 
     struct Rng(u64);
 
@@ -363,41 +388,35 @@ mod tests {
         }
     }
 
-    /// Plain attention in f64 over the cache's (rounded) keys and values.
-    fn reference(
-        shape: &Shape,
-        caches: &[KvCache],
-        batch: &[BatchToken],
-        il: usize,
-        q: &[f32],
-    ) -> Vec<f64> {
+    /// Plain attention in f64 over the cache's (rounded) keys and values, the query
+    /// rounded as the cache's score product reads it.
+    fn reference(shape: &Shape, views: &[LayerKv<'_>], batch: &[Slot], q: &[f32]) -> Vec<f64> {
         let (nh, hk, hv) = (shape.n_head, shape.head_dim_k, shape.head_dim_v);
         let group = nh / shape.n_head_kv;
         let mut out = vec![0f64; batch.len() * nh * hv];
         for (t, bt) in batch.iter().enumerate() {
-            let cache = &caches[bt.seq];
-            let (kdim, vdim) = cache.dims();
+            let kv = &views[bt.seq];
             let n = bt.pos + 1;
-            // Rows of the cache's (rounded) keys and values, positions 0..n.
-            let (ks, vs) = (kdim, vdim);
-            let mut keys = vec![0f32; n * kdim];
-            let mut kb = Vec::new();
+            let (ks, vs) = (shape.n_head_kv * hk, shape.n_head_kv * hv);
+            let keys: Vec<Vec<f32>> = (0..n).map(|p| kv.key_row(p)).collect();
+            let mut values = vec![0f32; n * vs];
             for p in 0..n {
-                let kt = cache.keys(il).key_tile(p / TILE, kdim, 0, kdim, &mut kb);
-                for c in 0..kdim {
-                    keys[p * kdim + c] = kt[c * TILE + p % TILE];
-                }
+                kv.values_into(p, 1, 0, vs, &mut values[p * vs..(p + 1) * vs]);
             }
-            let mut values = vec![0f32; n * vdim];
-            cache.values(il).rows_into(0, n, vdim, 0, vdim, &mut values);
             for head in 0..nh {
                 let kvh = head / group;
                 let mut qv = q[(t * nh + head) * hk..(t * nh + head + 1) * hk].to_vec();
-                cache.precision().round(&mut qv);
+                kv.precision().round_query(&mut qv);
+                if kv.precision().int8_keys() {
+                    let mut b = vec![0u8; hk / 32 * 34];
+                    llamay_kernels::quantize_row(GgmlType::Q8_0, &qv, &mut b);
+                    llamay_kernels::dequantize_q8_0(&b, &mut qv);
+                }
                 let lo = first(bt.pos, shape.window);
                 let scores: Vec<f64> = (lo..n)
                     .map(|p| {
-                        let k = &keys[p * ks + kvh * hk..p * ks + (kvh + 1) * hk];
+                        let k = &keys[p][kvh * hk..(kvh + 1) * hk];
+                        debug_assert_eq!(keys[p].len(), ks);
                         let d: f64 = qv
                             .iter()
                             .zip(k)
@@ -423,6 +442,27 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Writes `n` random positions per sequence of `order` into `pool` (every layer).
+    fn write(pool: &mut KvPool, order: &[(SeqId, usize)], n_layer: usize, rng: &mut Rng) {
+        let (kd, vd) = pool.dims();
+        let mut plan: Vec<(SeqId, usize)> = Vec::new();
+        for &(s, _) in order {
+            match plan.iter_mut().find(|(q, _)| *q == s) {
+                Some(p) => p.1 += 1,
+                None => plan.push((s, 1)),
+            }
+        }
+        let targets = pool.reserve(&plan, order).unwrap();
+        for t in 0..order.len() {
+            for layer in 0..n_layer {
+                let k: Vec<f32> = (0..kd).map(|_| rng.f() * 2.0).collect();
+                let v: Vec<f32> = (0..vd).map(|_| rng.f()).collect();
+                let (page, slot) = targets[layer][t];
+                pool.store_mut().write(page, slot, &k, &v);
+            }
+        }
     }
 
     /// Fills a cache for two sequences (`prior` positions each), then appends a batch
@@ -453,17 +493,21 @@ mod tests {
         let (kd, vd) = (nkv * hk, nkv * hv);
         let n_layer = 2;
         let il = 1;
-        let mut caches: Vec<KvCache> = (0..2)
-            .map(|_| KvCache::new(n_layer, kd, vd, prior + new, precision))
-            .collect();
-        for c in &mut caches {
-            for _ in 0..prior {
-                for layer in 0..n_layer {
-                    let k: Vec<f32> = (0..kd).map(|_| rng.f() * 2.0).collect();
-                    let v: Vec<f32> = (0..vd).map(|_| rng.f()).collect();
-                    c.append(layer, &k, &v);
-                }
-                c.commit(1);
+        // No window in the pool: the reference reads every position.
+        let mut pool = KvPool::new(
+            precision,
+            kd,
+            vd,
+            vec![None; n_layer],
+            prior + new,
+            4 * (prior + new) + 256,
+        );
+        let seqs = [pool.new_sequence(), pool.new_sequence()];
+        for &s in &seqs {
+            let order: Vec<(SeqId, usize)> = (0..prior).map(|p| (s, p)).collect();
+            if prior > 0 {
+                write(&mut pool, &order, n_layer, &mut rng);
+                pool.commit(s, &vec![0; prior]);
             }
         }
         // Runs of up to 5 tokens alternating between the sequences.
@@ -474,26 +518,20 @@ mod tests {
             if next[seq] < prior + new {
                 let run = 5.min(prior + new - next[seq]);
                 for _ in 0..run {
-                    batch.push(BatchToken {
+                    batch.push(Slot {
                         seq,
-                        token: 0,
                         pos: next[seq],
-                        logits: false,
                     });
                     next[seq] += 1;
                 }
             }
             seq = 1 - seq;
         }
-        for bt in &batch {
-            for layer in 0..n_layer {
-                let k: Vec<f32> = (0..kd).map(|_| rng.f() * 2.0).collect();
-                let v: Vec<f32> = (0..vd).map(|_| rng.f()).collect();
-                caches[bt.seq].append(layer, &k, &v);
-            }
-        }
+        let order: Vec<(SeqId, usize)> = batch.iter().map(|b| (seqs[b.seq], b.pos)).collect();
+        write(&mut pool, &order, n_layer, &mut rng);
+        let views: Vec<LayerKv<'_>> = seqs.iter().map(|&s| pool.layer(s, il)).collect();
         let q: Vec<f32> = (0..batch.len() * nh * hk).map(|_| rng.f() * 2.0).collect();
-        let want = reference(&shape, &caches, &batch, il, &q);
+        let want = reference(&shape, &views, &batch, &q);
         let pools = [ThreadPool::new(1), ThreadPool::new(3)];
         let tunings = [
             TUNING,
@@ -510,9 +548,9 @@ mod tests {
                 segment: 4096,
             },
         ];
-        for pool in &pools {
+        for tp in &pools {
             for tuning in &tunings {
-                let got = attention_with(&shape, tuning, &caches, &batch, il, &q, pool);
+                let got = attention_with(&shape, tuning, &views, &batch, &q, tp);
                 assert_eq!(got.len(), want.len());
                 for (r, (g, w)) in got.chunks(hv).zip(want.chunks(hv)).enumerate() {
                     let scale = w.iter().fold(0f64, |a, b| a.max(b.abs())).max(1e-3);
@@ -523,7 +561,7 @@ mod tests {
                             "row {r}: {x} vs {y} (rel {err:e}); {tuning:?}, {} threads, \
                              heads {nh}/{nkv}, window {window:?}, softcap {softcap:?}, \
                              {precision:?}",
-                            pool.n_threads()
+                            tp.n_threads()
                         );
                     }
                 }
@@ -533,7 +571,7 @@ mod tests {
 
     #[test]
     fn flash_and_split_paths_match_plain_attention() {
-        use KvPrecision::{F16, F32};
+        use KvPrecision::{F16, F32, Q8, Vq8};
         // Prefill on an empty cache, GQA 4:1, differing K and V head sizes.
         case(1, 4, 1, 32, 16, None, None, 0, 40, F32);
         // Prefill after context, sliding window shorter than the batch, soft-cap.
@@ -544,6 +582,11 @@ mod tests {
         case(4, 4, 1, 64, 64, None, None, 700, 1, F16);
         case(5, 4, 1, 64, 64, Some(300), Some(50.0), 700, 1, F32);
         case(6, 6, 3, 8, 8, None, Some(1.0), 333, 2, F16);
+        // int8 values, and int8 keys with the integer score product: prefill and the
+        // split decode path.
+        case(7, 4, 2, 32, 64, Some(20), None, 30, 23, Vq8);
+        case(8, 8, 2, 64, 32, None, Some(30.0), 100, 40, Q8);
+        case(9, 4, 1, 64, 64, Some(300), None, 700, 1, Q8);
     }
 
     #[test]
@@ -558,14 +601,7 @@ mod tests {
             window: None,
         };
         let at = |pos: usize, n: usize| {
-            let batch: Vec<BatchToken> = (pos..pos + n)
-                .map(|pos| BatchToken {
-                    seq: 0,
-                    token: 0,
-                    pos,
-                    logits: true,
-                })
-                .collect();
+            let batch: Vec<Slot> = (pos..pos + n).map(|pos| Slot { seq: 0, pos }).collect();
             blocks(&batch, TUNING.block)
         };
         let local = Shape {
@@ -598,7 +634,7 @@ mod tests {
         shape: &Shape,
         keys: &[f32],
         values: &[f32],
-        batch: &[BatchToken],
+        batch: &[Slot],
         q: &[f32],
         pool: &ThreadPool,
     ) -> Vec<f32> {
@@ -614,7 +650,7 @@ mod tests {
                 let bt = batch[t];
                 let kvh = head / group;
                 qbuf.copy_from_slice(&q[(t * nh + head) * hk..(t * nh + head + 1) * hk]);
-                KvPrecision::F16.round(&mut qbuf);
+                KvPrecision::F16.round_query(&mut qbuf);
                 let lo = first(bt.pos, shape.window);
                 scores.clear();
                 for p in lo..=bt.pos {
@@ -689,17 +725,25 @@ mod tests {
         };
         for ((nh, nkv, hd, depth), cases) in shapes {
             let mut rng = Rng(9);
-            let mut cache = KvCache::new(1, nkv * hd, nkv * hd, depth + 512, KvPrecision::F16);
+            let precision = std::env::var("LLAMAY_BENCH_KV")
+                .ok()
+                .and_then(|s| KvPrecision::parse(&s))
+                .unwrap_or(KvPrecision::F16);
+            let n = depth + 512;
+            let mut cache = KvPool::new(precision, nkv * hd, nkv * hd, vec![None], n, n + 64);
+            let s = cache.new_sequence();
+            let order: Vec<(SeqId, usize)> = (0..n).map(|p| (s, p)).collect();
+            let targets = cache.reserve(&[(s, n)], &order).unwrap();
             let (mut keys, mut values) = (Vec::new(), Vec::new());
-            for _ in 0..depth + 512 {
+            for &(page, slot) in &targets[0] {
                 let k: Vec<f32> = (0..nkv * hd).map(|_| rng.f()).collect();
                 let v: Vec<f32> = (0..nkv * hd).map(|_| rng.f()).collect();
-                cache.append(0, &k, &v);
+                cache.store_mut().write(page, slot, &k, &v);
                 // The previous attention read f32 rows widened from the f16 cache.
                 keys.extend(k.iter().map(|&x| half::f16::from_f32(x).to_f32()));
                 values.extend(v.iter().map(|&x| half::f16::from_f32(x).to_f32()));
             }
-            let caches = [cache];
+            let views = [cache.layer(s, 0)];
             for &(name, window, len, reps) in cases {
                 let shape = Shape {
                     n_head: nh,
@@ -710,17 +754,12 @@ mod tests {
                     softcap: None,
                     window,
                 };
-                let batch: Vec<BatchToken> = (depth..depth + len)
-                    .map(|pos| BatchToken {
-                        seq: 0,
-                        token: 0,
-                        pos,
-                        logits: false,
-                    })
+                let batch: Vec<Slot> = (depth..depth + len)
+                    .map(|pos| Slot { seq: 0, pos })
                     .collect();
                 let q: Vec<f32> = (0..len * nh * hd).map(|_| rng.f()).collect();
                 let new = best(
-                    &mut || attention_with(&shape, &tuning, &caches, &batch, 0, &q, &pool),
+                    &mut || attention_with(&shape, &tuning, &views, &batch, &q, &pool),
                     reps,
                 );
                 let old = best(

@@ -2,14 +2,17 @@
 //! batch-shaped decode: tokens of several sequences in one call.
 
 use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
-use crate::attention::{self, Shape};
-use crate::kv::KvCache;
+use crate::attention::{self, Shape, Slot};
+use crate::batch::{BatchToken, Logits};
+use crate::context::Context;
+use crate::kv::{LayerKv, SeqId};
 use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm};
 use crate::rope::{self, RopeParams};
 use crate::tensor::matmul_quantized;
 use crate::weights::{Linear, Norm};
 use crate::{DecodeError, Model};
 use llamay_kernels::{QuantizedRows, ThreadPool};
+use std::collections::BTreeMap;
 
 /// A test hook (feature `fault-injection`, never in a release build): makes the next
 /// `decode` on this thread panic when it reaches a chosen layer, as a failing kernel
@@ -32,40 +35,6 @@ pub mod fault {
             PANIC_AT.with(|c| c.set(None));
             panic!("injected fault at layer {il}");
         }
-    }
-}
-
-/// One token of a batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchToken {
-    /// Index into the `caches` passed to [`Model::decode`].
-    pub seq: usize,
-    pub token: u32,
-    /// Position in its sequence; must be the sequence's next position.
-    pub pos: usize,
-    /// Whether logits are wanted for this token.
-    pub logits: bool,
-}
-
-/// Logits for the tokens that asked for them, in batch order.
-pub struct Logits {
-    pub n_vocab: usize,
-    /// Batch indices that asked for logits.
-    pub index: Vec<usize>,
-    pub values: Vec<f32>,
-}
-
-impl Logits {
-    pub fn row(&self, i: usize) -> &[f32] {
-        &self.values[i * self.n_vocab..(i + 1) * self.n_vocab]
-    }
-
-    pub fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
     }
 }
 
@@ -201,35 +170,29 @@ struct FfnScratch {
     down: Vec<f32>,
 }
 
-impl Model<'_> {
-    /// Runs one batch: appends every token's keys and values to its sequence's cache
-    /// and returns logits for the tokens that asked. On error nothing is appended.
-    pub fn decode(
-        &self,
-        caches: &mut [KvCache],
-        batch: &[BatchToken],
-    ) -> Result<Logits, DecodeError> {
-        let cfg = &self.config;
+impl Context<'_> {
+    /// Runs one batch: writes every token's keys and values into its sequence's pages
+    /// and returns logits for the tokens that asked. Every sequence id, position,
+    /// token and the pool's budget are checked first: on error nothing changed.
+    pub fn decode(&mut self, batch: &[BatchToken]) -> Result<Logits, DecodeError> {
+        let model = self.model;
+        let cfg = &model.config;
         let n = batch.len();
         if n == 0 {
             return Err(DecodeError::EmptyBatch);
         }
+        let n_ctx = self.kv.n_ctx();
         // Validate before touching anything: ids, sequences, positions in order.
-        let mut next: Vec<usize> = caches.iter().map(KvCache::len).collect();
+        let mut next: BTreeMap<SeqId, usize> = BTreeMap::new();
         for bt in batch {
-            let Some(expected) = next.get_mut(bt.seq) else {
-                return Err(DecodeError::BadSequence {
-                    seq: bt.seq,
-                    n_seqs: caches.len(),
-                });
+            let expected = match next.entry(bt.seq) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    let len = (self.kv.len(bt.seq))
+                        .map_err(|_| DecodeError::UnknownSequence { seq: bt.seq })?;
+                    e.insert(len)
+                }
             };
-            let cache = &caches[bt.seq];
-            if let Some(why) = cache.unfit_for(self.id, cfg.n_layer, cfg.k_dim(), cfg.v_dim()) {
-                return Err(DecodeError::ForeignCache { seq: bt.seq, why });
-            }
-            if cache.is_interrupted() {
-                return Err(DecodeError::Interrupted { seq: bt.seq });
-            }
             if bt.token as usize >= cfg.n_vocab {
                 return Err(DecodeError::TokenOutOfRange {
                     token: bt.token,
@@ -243,13 +206,13 @@ impl Model<'_> {
                     expected: *expected,
                 });
             }
-            if bt.pos >= caches[bt.seq].capacity() {
+            if bt.pos >= n_ctx {
                 return Err(DecodeError::ContextFull {
                     seq: bt.seq,
-                    capacity: caches[bt.seq].capacity(),
+                    capacity: n_ctx,
                 });
             }
-            if let Some(pe) = &self.weights.position_embd
+            if let Some(pe) = &model.weights.position_embd
                 && bt.pos >= pe.rows
             {
                 return Err(DecodeError::ContextFull {
@@ -259,6 +222,23 @@ impl Model<'_> {
             }
             *expected += 1;
         }
+        // The pages every token writes, present and private (copy on write); the
+        // budget is checked before any page changes hands.
+        let seqs: Vec<SeqId> = next.keys().copied().collect();
+        let plan: Vec<(SeqId, usize)> = (seqs.iter())
+            .map(|&s| (s, batch.iter().filter(|b| b.seq == s).count()))
+            .collect();
+        let order: Vec<(SeqId, usize)> = batch.iter().map(|b| (b.seq, b.pos)).collect();
+        let targets = self.kv.reserve(&plan, &order)?;
+        let slots: Vec<Slot> = batch
+            .iter()
+            .map(|b| Slot {
+                seq: seqs
+                    .binary_search(&b.seq)
+                    .expect("every batch sequence is in seqs"),
+                pos: b.pos,
+            })
+            .collect();
 
         let e = cfg.n_embd;
         let arch = cfg.arch;
@@ -267,12 +247,12 @@ impl Model<'_> {
         let mut tmp = vec![0f32; e];
         for (t, bt) in batch.iter().enumerate() {
             let row = &mut x[t * e..(t + 1) * e];
-            self.weights.embed_row(bt.token as usize, row);
+            model.weights.embed_row(bt.token as usize, row);
             if arch.embed_scale_sqrt {
                 let s = (e as f32).sqrt();
                 row.iter_mut().for_each(|v| *v *= s);
             }
-            if let Some(pe) = &self.weights.position_embd {
+            if let Some(pe) = &model.weights.position_embd {
                 pe.dequant_row(bt.pos, &mut tmp);
                 row.iter_mut().zip(&tmp).for_each(|(v, p)| *v += p);
             }
@@ -288,8 +268,7 @@ impl Model<'_> {
             let half = cfg.n_rot / 2;
             let (mut all, mut one) = (Vec::with_capacity(n * half), Vec::with_capacity(half));
             for bt in batch {
-                let factors = (self.weights.rope_factors)
-                    .for_context(caches[bt.seq].capacity(), cfg.n_ctx_orig);
+                let factors = (model.weights.rope_factors).for_context(n_ctx, cfg.n_ctx_orig);
                 rope.angles(bt.pos, factors, &mut one);
                 all.extend_from_slice(&one);
             }
@@ -298,24 +277,8 @@ impl Model<'_> {
         let angles_full = angles_of(&cfg.rope);
         let own_swa = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
         let angles_swa = own_swa.then(|| angles_of(&cfg.rope_swa));
-        let mut own = None;
-        // A panic in an earlier call poisons the lock; the buffers are still fine to
-        // reuse (every value is overwritten before it is read).
-        let mut held = match self.scratch.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        };
-        let s: &mut Scratch = match held.as_deref_mut() {
-            Some(s) => s,
-            None => own.insert(Scratch::default()),
-        };
-        // From here until the commit, the touched caches hold rows of some layers and
-        // not others: marked, so that a panic leaves them refused, not shifted.
-        for bt in batch {
-            caches[bt.seq].begin();
-        }
-        for (il, layer) in self.weights.layers.iter().enumerate() {
+        let s = &mut self.scratch;
+        for (il, layer) in model.weights.layers.iter().enumerate() {
             #[cfg(feature = "fault-injection")]
             fault::at_layer(il);
             norm_into(
@@ -360,12 +323,14 @@ impl Model<'_> {
                     });
                 }
             }
-            for (t, bt) in batch.iter().enumerate() {
+            let store = self.kv.store_mut();
+            for (t, &(page, slot)) in targets[il].iter().enumerate() {
                 let (k, v) = (&s.k[t * kd..(t + 1) * kd], &s.v[t * vd..(t + 1) * vd]);
-                caches[bt.seq].append(il, k, v);
+                store.write(page, slot, k, v);
             }
 
-            let attn = self.attention(caches, batch, il, &s.q, swa);
+            let views: Vec<_> = seqs.iter().map(|&q| self.kv.layer(q, il)).collect();
+            let attn = model.attention(&views, &slots, &s.q, swa, threads);
             linear(&layer.attn_out, &attn, &mut s.act, &mut s.o, threads);
             if let Some(w) = &layer.post_attn_norm {
                 rms_rows(&mut s.o, w, cfg.norm_eps, e, threads);
@@ -376,24 +341,26 @@ impl Model<'_> {
                     add_into(&mut x, &s.o, None, threads);
                     let norm = layer.ffn_norm.as_ref();
                     norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
-                    self.ffn(layer, &s.h2, &mut s.ffn, &mut s.act);
+                    model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
                     add_into(&mut x, &s.ffn.down, None, threads);
                 }
                 Residual::Parallel { shared_norm } => {
                     if shared_norm {
-                        self.ffn(layer, &s.h, &mut s.ffn, &mut s.act);
+                        model.ffn(threads, layer, &s.h, &mut s.ffn, &mut s.act);
                     } else {
                         let norm = layer.ffn_norm.as_ref();
                         norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
-                        self.ffn(layer, &s.h2, &mut s.ffn, &mut s.act);
+                        model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
                     }
                     add_into(&mut x, &s.o, Some(&s.ffn.down), threads);
                 }
             }
         }
-        for (seq, cache) in caches.iter_mut().enumerate() {
-            let added = batch.iter().filter(|b| b.seq == seq).count();
-            cache.commit(added);
+        for &q in &seqs {
+            let tokens: Vec<u32> = (batch.iter().filter(|b| b.seq == q))
+                .map(|b| b.token)
+                .collect();
+            self.kv.commit(q, &tokens);
         }
 
         let index: Vec<usize> = batch
@@ -408,14 +375,14 @@ impl Model<'_> {
         }
         apply_norm(
             &mut h,
-            &self.weights.output_norm,
+            &model.weights.output_norm,
             arch.norm,
             cfg.norm_eps,
             e,
             threads,
         );
         let mut values = Vec::new();
-        linear(&self.weights.output, &h, &mut s.act, &mut values, threads);
+        linear(&model.weights.output, &h, &mut s.act, &mut values, threads);
         if let Some(c) = cfg.final_softcap {
             values.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
         }
@@ -425,16 +392,18 @@ impl Model<'_> {
             values,
         })
     }
+}
 
+impl Model<'_> {
     /// The FFN of `h` into `f.down`.
     fn ffn(
         &self,
+        threads: &ThreadPool,
         layer: &crate::weights::Layer<'_>,
         h: &[f32],
         f: &mut FfnScratch,
         act: &mut QuantizedRows,
     ) {
-        let threads = &self.pool;
         match self.config.arch.ffn {
             FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu => {
                 if let Some(gate) = &layer.ffn_gate {
@@ -476,11 +445,11 @@ impl Model<'_> {
     /// [`crate::attention`]).
     fn attention(
         &self,
-        caches: &[KvCache],
-        batch: &[BatchToken],
-        il: usize,
+        views: &[LayerKv<'_>],
+        slots: &[Slot],
         q: &[f32],
         swa: bool,
+        pool: &ThreadPool,
     ) -> Vec<f32> {
         let cfg = &self.config;
         let shape = Shape {
@@ -492,6 +461,6 @@ impl Model<'_> {
             softcap: cfg.attn_softcap,
             window: (swa && cfg.n_swa > 0).then_some(cfg.n_swa),
         };
-        attention::attention(&shape, caches, batch, il, q, &self.pool)
+        attention::attention(&shape, views, slots, q, pool)
     }
 }

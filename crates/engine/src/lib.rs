@@ -2,12 +2,15 @@
 //! generic forward pass over a batch of sequences, the KV cache and sampling.
 //!
 //! ```text
-//! MappedModel::open(path)?.parse()?  ──▶  Model::load(&gguf, threads)?  ──▶  model.decode(&mut caches, &batch)?
+//! Model::open(path, threads)?  ──▶  model.context(params)?  ──▶  ctx.decode(&batch)?
+//! (or MappedModel::open(path)?.parse()? ──▶ Model::load(&gguf, threads)? for a borrowed file)
 //! ```
 
 pub mod arch;
 mod attention;
+mod batch;
 pub mod config;
+mod context;
 mod forward;
 pub mod kv;
 mod ops;
@@ -20,9 +23,10 @@ mod weights;
 pub use forward::fault;
 
 pub use arch::{ARCHITECTURES, ArchSpec};
+pub use batch::{BatchToken, Logits};
 pub use config::Config;
-pub use forward::{BatchToken, Logits};
-pub use kv::{KvCache, KvPrecision};
+pub use context::{Context, ContextError, ContextParams};
+pub use kv::{KvError, KvPool, KvPrecision, KvUsage, PAGE, SeqId};
 pub use tensor::Threads;
 
 use llamay_gguf::Model as Gguf;
@@ -73,38 +77,39 @@ pub enum DecodeError {
     EmptyBatch,
     #[error("token id {token} is outside the vocabulary (0..{n_vocab})")]
     TokenOutOfRange { token: u32, n_vocab: usize },
-    #[error("batch names sequence {seq}, but there are {n_seqs}")]
-    BadSequence { seq: usize, n_seqs: usize },
+    #[error("batch names sequence {seq}, which does not exist in this context")]
+    UnknownSequence { seq: SeqId },
     #[error("sequence {seq}: position {pos} given, the next position is {expected}")]
     BadPosition {
-        seq: usize,
+        seq: SeqId,
         pos: usize,
         expected: usize,
     },
     #[error("sequence {seq}: the context of {capacity} tokens is full")]
-    ContextFull { seq: usize, capacity: usize },
-    #[error("sequence {seq}: its cache {why}")]
-    ForeignCache { seq: usize, why: String },
+    ContextFull { seq: SeqId, capacity: usize },
     #[error(
-        "sequence {seq}: an earlier batch was interrupted (a panic) after it had written part of this cache; truncate the cache or start a new one"
+        "the KV pool is full: this batch needs {need} more page(s) of {PAGE} positions, {free} of its budget of {budget} pages are free (free or truncate a sequence, or raise the budget)"
     )]
-    Interrupted { seq: usize },
+    PoolFull {
+        need: usize,
+        free: usize,
+        budget: usize,
+    },
 }
 
-/// A loaded model: its config and weights, borrowing the file's mapping.
+/// A loaded model: its config and weights, read-only after load, borrowing the file's
+/// mapping (`Model<'static>` from [`Model::open`] owns it). Computation happens in a
+/// [`Context`]; any number of contexts, on any threads, may share one model.
 pub struct Model<'a> {
-    /// Read-only after load: the weights were bound and checked against it.
+    /// The weights were bound and checked against it.
     config: Config,
-    /// Unique per loaded model in this process: the caches it makes carry it, and
-    /// `decode` refuses a cache of another model.
-    id: u64,
+    /// SHA-256 of every shard's header (metadata and tensor table): what a KV snapshot
+    /// names as its model.
+    identity: [u8; 32],
     weights: weights::Weights<'a>,
-    threads: Threads,
-    /// The compute threads (persistent; the caller participates).
-    pool: llamay_kernels::ThreadPool,
-    /// Buffers kept from one `decode` to the next, so a batch like the last one finds
-    /// its pages already there (a concurrent call that finds them taken uses its own).
-    scratch: std::sync::Mutex<forward::Scratch>,
+    /// The mapping the weights borrow, when the model owns it (declared last: dropped
+    /// after the weights).
+    _mapping: Option<std::sync::Arc<llamay_gguf::MappedModel>>,
 }
 
 fn works() -> String {
@@ -152,15 +157,17 @@ impl<'a> Model<'a> {
         let (config, mut weights) = Self::bind(gguf, weights::ReadData::Yes)?;
         let pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
         weights.pack(&pool, release);
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Model {
             config,
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            identity: identity(gguf),
             weights,
-            threads,
-            pool,
-            scratch: Default::default(),
+            _mapping: None,
         })
+    }
+
+    /// SHA-256 of the file's metadata and tensor table (every shard's header bytes).
+    pub fn identity(&self) -> &[u8; 32] {
+        &self.identity
     }
 
     /// Everything [`Model::load`] checks, without reading any tensor data: the verdict
@@ -192,16 +199,6 @@ impl<'a> Model<'a> {
         Ok((config, weights))
     }
 
-    /// A fresh exact (f32) KV cache for one sequence of at most `n_ctx` positions.
-    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
-        self.new_cache_with(n_ctx, KvPrecision::F32)
-    }
-
-    pub fn new_cache_with(&self, n_ctx: usize, precision: KvPrecision) -> KvCache {
-        let c = &self.config;
-        KvCache::new(c.n_layer, c.k_dim(), c.v_dim(), n_ctx, precision).owned_by(self.id)
-    }
-
     /// The hyper-parameters the model was loaded with.
     pub fn config(&self) -> &Config {
         &self.config
@@ -215,13 +212,43 @@ impl<'a> Model<'a> {
             .map(|p| p.size_bytes())
             .sum()
     }
+}
 
-    pub fn threads(&self) -> Threads {
-        self.threads
+impl Model<'static> {
+    /// Maps `path` (and its sibling shards) and loads it into a model that owns the
+    /// mapping: what a server holds (behind an `Arc`) and shares between threads.
+    pub fn open(path: &std::path::Path, threads: Threads) -> Result<Model<'static>, OpenError> {
+        let mapped = std::sync::Arc::new(llamay_gguf::MappedModel::open(path)?);
+        // SAFETY: the reference points into the `Arc`'s allocation, which the returned
+        // model keeps alive in `_mapping` for as long as it exists (the field is dropped
+        // after `weights`, and nothing moves the `MappedModel` out of the `Arc`). The
+        // mapping's bytes are read-only and never change address.
+        let owner: &'static llamay_gguf::MappedModel = unsafe { &*std::sync::Arc::as_ptr(&mapped) };
+        let gguf = owner.parse()?;
+        let release = |data: &'static [u8]| {
+            owner.release(data);
+        };
+        let mut model = Model::load_releasing(&gguf, threads, &release)?;
+        model._mapping = Some(mapped);
+        Ok(model)
     }
+}
 
-    pub fn set_threads(&mut self, threads: Threads) {
-        self.threads = threads;
-        self.pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
+/// Why [`Model::open`] failed: the file, or the load.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Open(#[from] llamay_gguf::OpenError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+}
+
+/// SHA-256 over every shard's header: magic to the start of the data section.
+fn identity(gguf: &Gguf<'_>) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for shard in &gguf.shards {
+        h.update(shard.header_bytes());
     }
+    h.finalize().into()
 }

@@ -6,7 +6,9 @@ mod common;
 
 use common::fixture;
 use llamay_engine::sample::argmax;
-use llamay_engine::{BatchToken, DecodeError, LoadError, Model, Threads};
+use llamay_engine::{
+    BatchToken, ContextParams, DecodeError, KvPrecision, LoadError, Model, Threads,
+};
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufFile, GgufWriter, MappedModel, Value};
 use serde_json::Value as Json;
@@ -92,20 +94,20 @@ fn long_greedy_decode_stays_in_range_and_finite() {
             with_model(&fixture(&format!("{arch}-{ty}.gguf")), |m| {
                 let m = m.unwrap();
                 let n_ctx = m.config().n_ctx_train;
-                let mut caches = vec![m.new_cache(n_ctx)];
+                let mut ctx = m
+                    .context(ContextParams::new(Threads(2), KvPrecision::F32, n_ctx))
+                    .unwrap();
+                let s0 = ctx.new_sequence();
                 let mut token = 1u32;
                 // EOS is never chosen: it is masked out, so decoding runs to the context.
                 for pos in 0..n_ctx {
-                    let l = m
-                        .decode(
-                            &mut caches,
-                            &[BatchToken {
-                                seq: 0,
-                                token,
-                                pos,
-                                logits: true,
-                            }],
-                        )
+                    let l = ctx
+                        .decode(&[BatchToken {
+                            seq: s0,
+                            token,
+                            pos,
+                            logits: true,
+                        }])
                         .unwrap();
                     let row = l.row(0);
                     assert!(
@@ -117,16 +119,13 @@ fn long_greedy_decode_stays_in_range_and_finite() {
                     token = argmax(&masked);
                     assert!((token as usize) < m.config().n_vocab && token != 2);
                 }
-                assert_eq!(caches[0].len(), n_ctx);
-                let err = m.decode(
-                    &mut caches,
-                    &[BatchToken {
-                        seq: 0,
-                        token,
-                        pos: n_ctx,
-                        logits: true,
-                    }],
-                );
+                assert_eq!(ctx.kv().len(s0).unwrap(), n_ctx);
+                let err = ctx.decode(&[BatchToken {
+                    seq: s0,
+                    token,
+                    pos: n_ctx,
+                    logits: true,
+                }]);
                 assert!(
                     matches!(err, Err(DecodeError::ContextFull { .. })),
                     "{arch}: {:?}",
@@ -307,35 +306,40 @@ fn strict_load_refuses_by_name() {
 fn bad_decode_input_is_an_error_and_changes_nothing() {
     with_model(&fixture("llama-Q8_0.gguf"), |m| {
         let m = m.unwrap();
-        let mut caches = vec![m.new_cache(8)];
+        let mut ctx = m
+            .context(ContextParams::new(Threads(2), KvPrecision::F32, 8))
+            .unwrap();
+        let s0 = ctx.new_sequence();
         let t = |token, pos| BatchToken {
-            seq: 0,
+            seq: s0,
             token,
             pos,
             logits: true,
         };
-        assert_eq!(
-            m.decode(&mut caches, &[]).err(),
-            Some(DecodeError::EmptyBatch)
-        );
+        assert_eq!(ctx.decode(&[]).err(), Some(DecodeError::EmptyBatch));
         assert!(matches!(
-            m.decode(&mut caches, &[t(320, 0)]),
+            ctx.decode(&[t(320, 0)]),
             Err(DecodeError::TokenOutOfRange { token: 320, .. })
         ));
         assert!(matches!(
-            m.decode(&mut caches, &[t(1, 1)]),
+            ctx.decode(&[t(1, 1)]),
             Err(DecodeError::BadPosition { .. })
         ));
-        let bad_seq = BatchToken { seq: 3, ..t(1, 0) };
+        let gone = ctx.new_sequence();
+        ctx.kv_mut().free(gone).unwrap();
+        let bad_seq = BatchToken {
+            seq: gone,
+            ..t(1, 0)
+        };
         assert!(matches!(
-            m.decode(&mut caches, &[bad_seq]),
-            Err(DecodeError::BadSequence { .. })
+            ctx.decode(&[bad_seq]),
+            Err(DecodeError::UnknownSequence { .. })
         ));
         // A batch whose second token is bad appends nothing.
-        assert!(m.decode(&mut caches, &[t(1, 0), t(u32::MAX, 1)]).is_err());
-        assert_eq!(caches[0].len(), 0);
-        m.decode(&mut caches, &[t(1, 0), t(5, 1)]).unwrap();
-        assert_eq!(caches[0].len(), 2);
+        assert!(ctx.decode(&[t(1, 0), t(u32::MAX, 1)]).is_err());
+        assert_eq!(ctx.kv().len(s0).unwrap(), 0);
+        ctx.decode(&[t(1, 0), t(5, 1)]).unwrap();
+        assert_eq!(ctx.kv().len(s0).unwrap(), 2);
     });
 }
 
@@ -346,24 +350,30 @@ fn two_sequences_in_one_batch_equal_two_separate_runs() {
         let a = [1u32, 40, 41, 42, 43];
         let b = [1u32, 300, 200, 100];
         let solo = |ids: &[u32]| {
-            let mut c = vec![m.new_cache(16)];
+            let mut ctx = m
+                .context(ContextParams::new(Threads(2), KvPrecision::F32, 16))
+                .unwrap();
+            let s0 = ctx.new_sequence();
             let batch: Vec<_> = ids
                 .iter()
                 .enumerate()
                 .map(|(i, &t)| BatchToken {
-                    seq: 0,
+                    seq: s0,
                     token: t,
                     pos: i,
                     logits: true,
                 })
                 .collect();
-            m.decode(&mut c, &batch).unwrap().values
+            ctx.decode(&batch).unwrap().values
         };
-        let mut caches = vec![m.new_cache(16), m.new_cache(16)];
+        let mut ctx = m
+            .context(ContextParams::new(Threads(2), KvPrecision::F32, 16))
+            .unwrap();
+        let (s0, s1) = (ctx.new_sequence(), ctx.new_sequence());
         let mut batch = Vec::new();
         for (i, &t) in a.iter().enumerate() {
             batch.push(BatchToken {
-                seq: 0,
+                seq: s0,
                 token: t,
                 pos: i,
                 logits: true,
@@ -371,13 +381,13 @@ fn two_sequences_in_one_batch_equal_two_separate_runs() {
         }
         for (i, &t) in b.iter().enumerate() {
             batch.push(BatchToken {
-                seq: 1,
+                seq: s1,
                 token: t,
                 pos: i,
                 logits: true,
             });
         }
-        let joint = m.decode(&mut caches, &batch).unwrap();
+        let joint = ctx.decode(&batch).unwrap();
         let n = m.config().n_vocab;
         let (sa, sb) = (solo(&a), solo(&b));
         let joint_a = &joint.values[..a.len() * n];

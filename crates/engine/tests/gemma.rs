@@ -8,7 +8,7 @@
 //!
 //! Needs the model: `LLAMAY_GEMMA=$(scripts/fetch-models)` (scripts/test sets it).
 
-use llamay_engine::{BatchToken, KvPrecision, Model, Threads};
+use llamay_engine::{BatchToken, ContextParams, KvPrecision, Model, Threads};
 use llamay_gguf::MappedModel;
 use serde_json::Value;
 use std::path::Path;
@@ -49,18 +49,21 @@ fn check(precision: KvPrecision, tokens_key: &str) -> Option<(usize, usize, f32)
         let prompt = ids(&p["prompt_tokens"]);
         let generated = ids(&p[tokens_key]);
         let all: Vec<u32> = prompt.iter().chain(&generated).copied().collect();
-        let mut caches = vec![model.new_cache_with(all.len() + 1, precision)];
+        let mut ctx = model
+            .context(ContextParams::new(Threads(2), precision, all.len() + 1))
+            .unwrap();
+        let s0 = ctx.new_sequence();
         let batch: Vec<BatchToken> = all
             .iter()
             .enumerate()
             .map(|(i, &t)| BatchToken {
-                seq: 0,
+                seq: s0,
                 token: t,
                 pos: i,
                 logits: i + 1 >= prompt.len() && i + 1 < all.len(),
             })
             .collect();
-        let logits = model.decode(&mut caches, &batch).unwrap();
+        let logits = ctx.decode(&batch).unwrap();
         for (r, want) in generated.iter().enumerate() {
             let row = logits.row(r);
             let ours = llamay_engine::sample::argmax(row);

@@ -10,7 +10,7 @@
 mod common;
 
 use common::fixtures_dir;
-use llamay_engine::{BatchToken, Model, Threads};
+use llamay_engine::{BatchToken, ContextParams, KvPrecision, Model, Threads};
 use llamay_gguf::MappedModel;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -44,6 +44,22 @@ fn argmax(v: &[f32]) -> usize {
 
 #[test]
 fn every_fixture_matches_llama_cpp() {
+    fixtures_match_through(KvPrecision::F32);
+}
+
+/// The fixtures were recorded with llama.cpp's F32 KV cache; through an f16 cache the
+/// keys, values and queries are rounded to f16 (as llama.cpp's f16 cache does), which
+/// the quantised activations of the later layers amplify. Measured (b11434 fixtures,
+/// this engine): max 8.7e-3 / mean 1.5e-3 for F32/F16 weights, max 0.27 / mean 0.048
+/// for the quantised ones (qwen3-Q6_K), against the F32-cache logits; the bounds below
+/// allow that and still require the same top-1 everywhere. (The f16 cache's agreement
+/// with llama.cpp's own f16 cache is tests/gemma.rs's greedy check.)
+#[test]
+fn every_fixture_matches_llama_cpp_through_an_f16_cache() {
+    fixtures_match_through(KvPrecision::F16);
+}
+
+fn fixtures_match_through(precision: KvPrecision) {
     let doc: Value =
         serde_json::from_str(&std::fs::read_to_string(data().join("arch-fixtures.json")).unwrap())
             .unwrap();
@@ -84,19 +100,28 @@ fn every_fixture_matches_llama_cpp() {
         let gguf = mapped.parse().unwrap();
         let model = Model::load(&gguf, Threads(2)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(model.config().arch.name, f["arch"].as_str().unwrap());
-        let mut caches = vec![model.new_cache(64)];
+        let mut ctx = model
+            .context(ContextParams::new(Threads(2), precision, 64))
+            .unwrap();
+        let s0 = ctx.new_sequence();
         let batch: Vec<BatchToken> = tokens
             .iter()
             .enumerate()
             .map(|(i, &t)| BatchToken {
-                seq: 0,
+                seq: s0,
                 token: t,
                 pos: i,
                 logits: true,
             })
             .collect();
-        let got = model.decode(&mut caches, &batch).unwrap();
-        let (tol, mean_tol) = tolerance(ty);
+        let got = ctx.decode(&batch).unwrap();
+        let (tol, mean_tol) = match precision {
+            KvPrecision::F16 => match ty {
+                "F32" | "F16" => (2e-2, 3e-3),
+                _ => (0.35, 0.06),
+            },
+            _ => tolerance(ty),
+        };
         let mut max_diff = 0f32;
         let mut sum_diff = 0f64;
         let mut top1_miss = Vec::new();
@@ -115,7 +140,8 @@ fn every_fixture_matches_llama_cpp() {
         }
         let mean_diff = (sum_diff / want.len() as f64) as f32;
         eprintln!(
-            "{name:<24} max |diff| {max_diff:.2e} (bound {tol:.0e}) mean {mean_diff:.2e} (bound {mean_tol:.0e}) top-1 misses {top1_miss:?}"
+            "{name:<24} {} max |diff| {max_diff:.2e} (bound {tol:.0e}) mean {mean_diff:.2e} (bound {mean_tol:.0e}) top-1 misses {top1_miss:?}",
+            precision.name()
         );
         if max_diff > tol || mean_diff > mean_tol || !top1_miss.is_empty() {
             failures.push(format!(

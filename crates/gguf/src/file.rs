@@ -44,6 +44,9 @@ pub struct GgufFile<'a> {
     /// Absolute offset of the data section.
     pub data_offset: u64,
     pub file_len: u64,
+    /// The bytes from the magic to the end of the tensor infos: metadata and tensor
+    /// table, what identifies the model (see `header_bytes`).
+    pub(crate) header: &'a [u8],
 }
 
 impl<'a> GgufFile<'a> {
@@ -58,6 +61,11 @@ impl<'a> GgufFile<'a> {
     }
 
     /// Bytes of tensor data in the file.
+    /// The header as stored: magic, metadata and tensor table (not the data).
+    pub fn header_bytes(&self) -> &'a [u8] {
+        self.header
+    }
+
     pub fn tensor_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.n_bytes).sum()
     }

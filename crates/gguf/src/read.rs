@@ -431,5 +431,6 @@ pub(crate) fn parse(buf: &[u8]) -> Result<GgufFile<'_>, GgufError> {
         tensor_index,
         data_offset,
         file_len,
+        header: &buf[..(c.pos).min(buf.len())],
     })
 }

@@ -29,7 +29,7 @@ pub use packed::{
     packable_with,
 };
 pub use pool::ThreadPool;
-pub use vecf32::{axpy_f32, dot_f32, silu, swiglu, widen_f16};
+pub use vecf32::{axpy_f32, dequantize_q8_0, dot_f32, silu, swiglu, widen_f16};
 
 pub(crate) type DotFn = fn(&[u8], &[u8], usize) -> f32;
 
@@ -208,6 +208,19 @@ fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
         GgmlType::F32 => quant::f32,
         _ => return None,
     })
+}
+
+/// Quantises one row `x` into `out` (`ty`'s bytes for `x.len()` values) with the same
+/// quantiser the matmuls use for their activations (ggml-cpu's bytes). Returns false,
+/// writing nothing, for a type that is not an activation type or mismatched lengths.
+pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
+    match (quant_fn(ty), row_bytes(ty, x.len())) {
+        (Some(f), Some(n)) if n == out.len() => {
+            f(x, out);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// A raw pointer that tasks may share because each writes a disjoint part.

@@ -85,6 +85,28 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// [`super::dequantize_q8_0`] for whole blocks.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; `src` holds `dst.len() / 32` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+        for (b, d) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
+            let scale = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            // SAFETY: b holds 2 + 32 bytes, d 32 floats; the loads and stores are
+            // unaligned.
+            unsafe {
+                let s = _mm256_set1_ps(scale);
+                let q = b.as_ptr().add(2);
+                for k in 0..4 {
+                    let q8 = _mm_loadl_epi64(q.add(8 * k) as *const __m128i);
+                    let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+                    _mm256_storeu_ps(d.as_mut_ptr().add(8 * k), _mm256_mul_ps(f, s));
+                }
+            }
+        }
+    }
+
     /// `up[i] *= silu(gate[i])` over the shorter length, exp by [`exp8`].
     ///
     /// # Safety
@@ -209,6 +231,26 @@ pub fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
     }
     for (d, s) in dst.iter_mut().zip(src) {
         *d = s.to_f32();
+    }
+}
+
+/// `dst[i] = d · q[i]` for ggml `q8_0` blocks (an f16 scale `d` and 32 int8 each):
+/// `dst.len() / 32` blocks of `src`, as ggml's `dequantize_row_q8_0` (exact: an int8
+/// times an f16 scale is one f32 rounding, the same on every path). A short `src`
+/// leaves the rest of `dst` untouched.
+pub fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    let blocks = (src.len() / 34).min(dst.len() / 32);
+    let (src, dst) = (&src[..blocks * 34], &mut dst[..blocks * 32]);
+    #[cfg(target_arch = "x86_64")]
+    if crate::dispatch::avx2_active() {
+        // SAFETY: the AVX2 set implies AVX2, FMA and F16C; lengths cut to whole blocks.
+        return unsafe { avx2::dequantize_q8_0(src, dst) };
+    }
+    for (b, d) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
+        let scale = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        for (o, &q) in d.iter_mut().zip(&b[2..]) {
+            *o = f32::from(q as i8) * scale;
+        }
     }
 }
 

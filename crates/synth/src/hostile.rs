@@ -4,7 +4,7 @@
 //! the seeded test sweep run.
 
 use crate::{Dims, ModelFile, RopeFactors, Spec};
-use llamay_engine::{ARCHITECTURES, BatchToken, Model, Threads};
+use llamay_engine::{ARCHITECTURES, BatchToken, ContextParams, KvPrecision, Model, Threads};
 use llamay_formats::GgmlType;
 use llamay_gguf::{Array, GgufFile, Model as Gguf, Value};
 
@@ -281,17 +281,20 @@ pub fn exercise(bytes: &[u8]) -> Outcome {
     };
     let c = model.config();
     let n = c.n_ctx_train.min(2);
-    let mut caches = vec![model.new_cache(n)];
+    let mut ctx = model
+        .context(ContextParams::new(Threads(1), KvPrecision::F32, n))
+        .unwrap_or_else(|e| panic!("a loaded model refused an f32 context: {e}"));
+    let seq = ctx.new_sequence();
     let batch: Vec<BatchToken> = (0..n)
         .map(|pos| BatchToken {
-            seq: 0,
+            seq,
             token: (pos % c.n_vocab) as u32,
             pos,
             logits: true,
         })
         .collect();
-    let logits = model
-        .decode(&mut caches, &batch)
+    let logits = ctx
+        .decode(&batch)
         .unwrap_or_else(|e| panic!("a loaded model refused a valid batch: {e}"));
     assert_eq!(logits.values.len(), n * c.n_vocab);
     // The weights are finite and small (see `tensor_bytes`), so NaN logits mean a
@@ -300,6 +303,6 @@ pub fn exercise(bytes: &[u8]) -> Outcome {
         logits.values.iter().all(|v| !v.is_nan()),
         "a loaded model gave NaN logits"
     );
-    assert_eq!(caches[0].len(), n);
+    assert_eq!(ctx.kv().len(seq), Ok(n));
     Outcome::Decoded
 }

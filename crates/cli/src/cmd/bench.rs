@@ -13,7 +13,7 @@ use crate::ModelArg;
 use crate::out;
 use crate::session;
 use anyhow::bail;
-use llamay_engine::{BatchToken, KvCache, KvPrecision, Model};
+use llamay_engine::{BatchToken, Context, ContextParams, PAGE, SeqId};
 use llamay_gguf::MappedModel;
 use serde::Serialize;
 use std::io::Write;
@@ -131,9 +131,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             bail!("{flag} {v}: at most {MAX_TOKENS} tokens");
         }
     }
-    let Some(kv) = KvPrecision::parse(&args.kv) else {
-        bail!("--kv {}: this build has f32 and f16", args.kv);
-    };
+    let kv = session::kv(&args.kv)?;
     let threads = session::threads(args.threads)?;
 
     let mapped = MappedModel::open(path)?;
@@ -160,10 +158,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .and_then(crate::ftype::file_type_name)
         .unwrap_or("unknown type");
     let model_type = format!("{arch} {size_label} {ftype}");
-    let kv_name = match kv {
-        KvPrecision::F32 => "f32",
-        KvPrecision::F16 => "f16",
-    };
+    let kv_name = kv.name();
 
     let mut tests = Vec::new();
     if args.n_prompt > 0 {
@@ -193,7 +188,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut first = true;
     for (n_prompt, n_gen) in tests {
         let n_ctx = args.n_depth + n_prompt + n_gen;
-        let mut caches = vec![model.new_cache_with(n_ctx, kv)];
+        // A fork of the prefilled depth per repetition (sharing its pages): room for
+        // the depth, one repetition's tokens and the page each fork copies.
+        let params = ContextParams {
+            kv_budget_tokens: Some(n_ctx + n_prompt + n_gen + 2 * PAGE),
+            ..ContextParams::new(threads, kv, n_ctx)
+        };
+        let mut ctx = model.context(params)?;
         let mut tokens = |n: usize| {
             let mut v: Vec<u32> = (0..n).map(|_| rng.below(n_vocab) as u32).collect();
             if let (Some(b), Some(t)) = (bos, v.first_mut()) {
@@ -202,34 +203,32 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             v
         };
         if !args.no_warmup {
+            let warm = ctx.new_sequence();
             if n_prompt > 0 {
-                prompt(&model, &mut caches, &tokens(n_prompt))?;
+                prompt(&mut ctx, warm, &tokens(n_prompt))?;
             }
             if n_gen > 0 {
-                generate(&model, &mut caches, &tokens(1))?;
+                generate(&mut ctx, warm, &tokens(1))?;
             }
+            ctx.kv_mut().free(warm)?;
         }
-        let mut depth_done = false;
+        let depth = ctx.new_sequence();
+        if args.n_depth > 0 {
+            prompt(&mut ctx, depth, &tokens(args.n_depth))?;
+        }
         let mut samples_ns = Vec::with_capacity(args.reps);
         for _ in 0..args.reps {
-            if depth_done {
-                caches[0].truncate(args.n_depth);
-            } else {
-                caches[0].truncate(0);
-                if args.n_depth > 0 {
-                    prompt(&model, &mut caches, &tokens(args.n_depth))?;
-                    depth_done = true;
-                }
-            }
+            let seq = ctx.kv_mut().fork(depth)?;
             let (p, g) = (tokens(n_prompt), tokens(n_gen));
             let t0 = Instant::now();
             if n_prompt > 0 {
-                prompt(&model, &mut caches, &p)?;
+                prompt(&mut ctx, seq, &p)?;
             }
             if n_gen > 0 {
-                generate(&model, &mut caches, &g)?;
+                generate(&mut ctx, seq, &g)?;
             }
             samples_ns.push(t0.elapsed().as_nanos().max(1) as u64);
+            ctx.kv_mut().free(seq)?;
         }
         let n_tokens = (n_prompt + n_gen) as f64;
         let samples_ts: Vec<f64> = samples_ns
@@ -304,8 +303,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 /// Evaluates `tokens` after the cache's positions, in micro-batches of [`UBATCH`], with
 /// logits for the last token of each [`BATCH`] (llama-bench's batching).
-fn prompt(model: &Model<'_>, caches: &mut [KvCache], tokens: &[u32]) -> anyhow::Result<()> {
-    let start = caches[0].len();
+fn prompt(ctx: &mut Context<'_>, seq: SeqId, tokens: &[u32]) -> anyhow::Result<()> {
+    let start = ctx.kv().len(seq)?;
     let mut batch = Vec::with_capacity(UBATCH.min(tokens.len()));
     for (c, chunk) in tokens.chunks(UBATCH).enumerate() {
         let base = c * UBATCH;
@@ -313,30 +312,27 @@ fn prompt(model: &Model<'_>, caches: &mut [KvCache], tokens: &[u32]) -> anyhow::
         batch.extend(chunk.iter().enumerate().map(|(i, &token)| {
             let done = base + i + 1;
             BatchToken {
-                seq: 0,
+                seq,
                 token,
                 pos: start + base + i,
                 logits: done == tokens.len() || done.is_multiple_of(BATCH),
             }
         }));
-        model.decode(caches, &batch)?;
+        ctx.decode(&batch)?;
     }
     Ok(())
 }
 
 /// Decodes `tokens` one at a time, each with its logits (what generation does).
-fn generate(model: &Model<'_>, caches: &mut [KvCache], tokens: &[u32]) -> anyhow::Result<()> {
+fn generate(ctx: &mut Context<'_>, seq: SeqId, tokens: &[u32]) -> anyhow::Result<()> {
     for &token in tokens {
-        let pos = caches[0].len();
-        model.decode(
-            caches,
-            &[BatchToken {
-                seq: 0,
-                token,
-                pos,
-                logits: true,
-            }],
-        )?;
+        let pos = ctx.kv().len(seq)?;
+        ctx.decode(&[BatchToken {
+            seq,
+            token,
+            pos,
+            logits: true,
+        }])?;
     }
     Ok(())
 }

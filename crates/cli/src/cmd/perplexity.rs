@@ -6,7 +6,7 @@
 use crate::ModelArg;
 use crate::session;
 use anyhow::{Context, bail};
-use llamay_engine::{BatchToken, KvPrecision};
+use llamay_engine::{BatchToken, ContextParams};
 use llamay_gguf::MappedModel;
 use std::io::Write;
 use std::path::PathBuf;
@@ -43,9 +43,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.chunks == Some(0) {
         bail!("--chunks 0: score at least one chunk");
     }
-    let Some(kv) = KvPrecision::parse(&args.kv) else {
-        bail!("--kv {}: use f32 or f16", args.kv);
-    };
+    let kv = session::kv(&args.kv)?;
     let text =
         std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let threads = session::threads(args.threads)?;
@@ -71,22 +69,24 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         n_ctx - 1
     );
 
+    let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
     let mut out = std::io::stdout().lock();
     for i in 0..n_chunk {
         let chunk = &tokens[i * n_ctx..(i + 1) * n_ctx];
-        let mut caches = vec![model.new_cache_with(n_ctx, kv)];
+        let seq = ctx.new_sequence();
         let batch: Vec<BatchToken> = chunk
             .iter()
             .enumerate()
             .map(|(p, &t)| BatchToken {
-                seq: 0,
+                seq,
                 token: if p == 0 { bos.unwrap_or(t) } else { t },
                 pos: p,
                 logits: p >= first && p + 1 < n_ctx,
             })
             .collect();
-        let logits = model.decode(&mut caches, &batch)?;
+        let logits = ctx.decode(&batch)?;
+        ctx.kv_mut().free(seq)?;
         for (r, &bi) in logits.index.iter().enumerate() {
             let row = logits.row(r);
             let target = chunk[bi + 1] as usize;

@@ -4,7 +4,7 @@ use crate::ModelArg;
 use crate::session;
 use anyhow::{Context, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
-use llamay_engine::{BatchToken, KvCache, KvPrecision, Model};
+use llamay_engine::{BatchToken, Context as EngineContext, ContextParams};
 use llamay_gguf::MappedModel;
 use llamay_template::{ChatTemplate, Message};
 use llamay_tokenizer::Tokenizer;
@@ -69,12 +69,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             args.n_predict
         );
     }
-    let Some(kv) = KvPrecision::parse(&args.kv) else {
-        bail!(
-            "--kv {}: this build has f32 (exact, the default) and f16 (llama.cpp's default numerics); vq8 and q8 come with the KV-cache work",
-            args.kv
-        );
-    };
+    let kv = session::kv(&args.kv)?;
     let params = SamplerParams {
         temperature: args.temp,
         top_k: args.top_k,
@@ -140,23 +135,22 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     let load_s = t_load.elapsed().as_secs_f64();
-    let cache = model.new_cache_with(n_ctx, kv);
-    generate(&model, &tok, &ids, cache, args, params, load_s)
+    let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
+    generate(&mut ctx, &tok, &ids, args, params, load_s)
 }
 
 /// Prefills `prompt` into `cache` (whose capacity is the context size), then samples
 /// and streams until a stop condition.
 fn generate(
-    model: &Model<'_>,
+    ctx: &mut EngineContext<'_>,
     tok: &Tokenizer,
     prompt: &[u32],
-    cache: KvCache,
     args: &Args,
     params: SamplerParams,
     load_s: f64,
 ) -> anyhow::Result<()> {
-    let n_ctx = cache.capacity();
-    let mut caches: Vec<KvCache> = vec![cache];
+    let n_ctx = ctx.kv().n_ctx();
+    let seq = ctx.new_sequence();
     let t_prompt = Instant::now();
     let mut logits = Vec::new();
     for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
@@ -166,13 +160,13 @@ fn generate(
             .iter()
             .enumerate()
             .map(|(i, &t)| BatchToken {
-                seq: 0,
+                seq,
                 token: t,
                 pos: base + i,
                 logits: last && i + 1 == chunk.len(),
             })
             .collect();
-        let out = model.decode(&mut caches, &batch)?;
+        let out = ctx.decode(&batch)?;
         if last {
             logits = out.row(0).to_vec();
         }
@@ -202,7 +196,7 @@ fn generate(
         out.flush()?;
         history.push(id);
         generated += 1;
-        let pos = caches[0].len();
+        let pos = ctx.kv().len(seq)?;
         if pos >= n_ctx {
             stop = "context full";
             break;
@@ -210,15 +204,12 @@ fn generate(
         if generated == limit {
             break;
         }
-        let l = model.decode(
-            &mut caches,
-            &[BatchToken {
-                seq: 0,
-                token: id,
-                pos,
-                logits: true,
-            }],
-        )?;
+        let l = ctx.decode(&[BatchToken {
+            seq,
+            token: id,
+            pos,
+            logits: true,
+        }])?;
         logits.clear();
         logits.extend_from_slice(l.row(0));
     }

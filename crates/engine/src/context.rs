@@ -1,0 +1,101 @@
+//! An execution context over a loaded model: its thread pool, its scratch buffers and
+//! its KV pool. The model's weights are read-only and may be shared by any number of
+//! contexts (one per thread, say); a context is used by one caller at a time (`decode`
+//! takes `&mut self`), so there is no lock and no silent fall-back to fewer threads.
+
+use crate::forward::Scratch;
+use crate::kv::{KvPool, KvPrecision, SeqId};
+use crate::{Model, Threads};
+use llamay_kernels::ThreadPool;
+
+/// How a context is made.
+#[derive(Clone, Copy, Debug)]
+pub struct ContextParams {
+    pub threads: Threads,
+    /// The KV cache's precision (`--kv`).
+    pub kv: KvPrecision,
+    /// Most positions one sequence may hold (`-c`).
+    pub n_ctx: usize,
+    /// Positions the pool holds in every layer, over all its sequences (pages are
+    /// allocated as they are first written, up to this). `None`: `n_ctx`, one full
+    /// sequence, plus a page per layer for a fork's first copied page.
+    pub kv_budget_tokens: Option<usize>,
+}
+
+impl ContextParams {
+    pub fn new(threads: Threads, kv: KvPrecision, n_ctx: usize) -> Self {
+        ContextParams {
+            threads,
+            kv,
+            n_ctx,
+            kv_budget_tokens: None,
+        }
+    }
+}
+
+/// Why a context cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContextError {
+    #[error("{0}")]
+    Precision(String),
+    #[error("a context of 0 tokens holds nothing (-c must be at least 1)")]
+    EmptyContext,
+}
+
+/// A model's execution context; see the module docs.
+pub struct Context<'m> {
+    pub(crate) model: &'m Model<'m>,
+    pub(crate) pool: ThreadPool,
+    pub(crate) scratch: Scratch,
+    pub(crate) kv: KvPool,
+}
+
+impl<'a> Model<'a> {
+    /// A new context over these weights (any number may exist at once).
+    pub fn context(&self, p: ContextParams) -> Result<Context<'_>, ContextError> {
+        let c = self.config();
+        if let Some(why) = p.kv.unfit(c.head_dim_k, c.head_dim_v) {
+            return Err(ContextError::Precision(why));
+        }
+        if p.n_ctx == 0 {
+            return Err(ContextError::EmptyContext);
+        }
+        let windows = (c.swa_layers.iter())
+            .map(|&swa| (swa && c.n_swa > 0).then_some(c.n_swa))
+            .collect();
+        let budget = p
+            .kv_budget_tokens
+            .unwrap_or(p.n_ctx.saturating_add(crate::kv::PAGE));
+        Ok(Context {
+            model: self,
+            pool: ThreadPool::new(p.threads.0.max(1)),
+            scratch: Scratch::default(),
+            kv: KvPool::new(p.kv, c.k_dim(), c.v_dim(), windows, p.n_ctx, budget),
+        })
+    }
+}
+
+impl<'m> Context<'m> {
+    pub fn model(&self) -> &'m Model<'m> {
+        self.model
+    }
+
+    pub fn threads(&self) -> Threads {
+        Threads(self.pool.n_threads())
+    }
+
+    /// The KV pool: sequence lengths, tokens, usage.
+    pub fn kv(&self) -> &KvPool {
+        &self.kv
+    }
+
+    /// The KV pool, to make, fork, truncate and free sequences.
+    pub fn kv_mut(&mut self) -> &mut KvPool {
+        &mut self.kv
+    }
+
+    /// A new empty sequence (shorthand for `kv_mut().new_sequence()`).
+    pub fn new_sequence(&mut self) -> SeqId {
+        self.kv.new_sequence()
+    }
+}
