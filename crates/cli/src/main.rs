@@ -65,6 +65,9 @@ enum Command {
     Run(cmd::run::Args),
     /// Perplexity of a text file, by llama-perplexity's method.
     Perplexity(cmd::perplexity::Args),
+    /// How much each quantised KV cache precision moves this file's next-token
+    /// distributions (mean total-variation distance, bound 5%, with a 1-bit teeth row).
+    Verify(cmd::verify::Args),
     /// Prompt and generation speed, by llama-bench's tests and columns.
     Bench(cmd::bench::Args),
     /// What this build carries: CPU features, kernels, formats, architectures.
@@ -86,6 +89,7 @@ fn main() -> ExitCode {
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
         Command::Run(args) => cmd::run::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
+        Command::Verify(args) => cmd::verify::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Version(args) => cmd::version::run(&args),
         Command::Coverage(args) => cmd::coverage::run(&args),

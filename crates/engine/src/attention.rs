@@ -456,10 +456,10 @@ mod tests {
         }
         let targets = pool.reserve(&plan, order).unwrap();
         for t in 0..order.len() {
-            for layer in 0..n_layer {
+            for layer_targets in targets.iter().take(n_layer) {
                 let k: Vec<f32> = (0..kd).map(|_| rng.f() * 2.0).collect();
                 let v: Vec<f32> = (0..vd).map(|_| rng.f()).collect();
-                let (page, slot) = targets[layer][t];
+                let (page, slot) = layer_targets[t];
                 pool.store_mut().write(page, slot, &k, &v);
             }
         }

@@ -27,7 +27,7 @@ pub(crate) const KEY_TILE: usize = llamay_kernels::attn_tile::TILE;
 /// what it sees.
 pub const PAGE: usize = 64;
 
-const _: () = assert!(PAGE % KEY_TILE == 0);
+const _: () = assert!(PAGE.is_multiple_of(KEY_TILE));
 
 /// Values per `q8_0` block, and its bytes (an f16 scale and 32 int8).
 const Q8_BLOCK: usize = 32;
@@ -131,7 +131,7 @@ impl KvPrecision {
     /// run along the head dimension, 32 values each (llama.cpp refuses the same).
     pub fn unfit(self, head_dim_k: usize, head_dim_v: usize) -> Option<String> {
         let check = |what: &str, elem: Elem, dim: usize| {
-            (elem == Elem::Q8 && dim % Q8_BLOCK != 0).then(|| {
+            (elem == Elem::Q8 && !dim.is_multiple_of(Q8_BLOCK)).then(|| {
                 format!(
                     "--kv {}: {what} heads are {dim} wide, not a multiple of the int8 block of {Q8_BLOCK}; use f32 or f16",
                     self.name()
@@ -398,6 +398,9 @@ pub struct KvPool {
     /// Most positions one sequence may hold.
     n_ctx: usize,
 }
+
+/// One page's key and value bytes, per layer: a snapshot's contents.
+pub(crate) type LayerPages<'a> = Vec<Vec<(&'a [u8], &'a [u8])>>;
 
 /// Where one batch token's keys and values go in every layer.
 pub(crate) type Targets = Vec<Vec<(u32, usize)>>;
@@ -775,26 +778,23 @@ impl<'a> LayerKv<'a> {
 
 /// Snapshots: a sequence's cache as bytes, and back. See `snapshot.rs`.
 impl KvPool {
-    /// The raw pages of `s`, per layer: (index of its first held page, the pages'
-    /// key and value bytes).
-    pub(crate) fn pages_of(&self, s: SeqId) -> Result<Vec<(usize, Vec<(&[u8], &[u8])>)>, KvError> {
+    /// The pages of `s` in each layer's held range ([`KvPool::held_range`]): per layer,
+    /// each page's key and value bytes (as stored: little-endian on every target
+    /// llamay builds for).
+    pub(crate) fn pages_of(&self, s: SeqId) -> Result<LayerPages<'_>, KvError> {
         let seq = self.seq(s)?;
-        Ok(seq
-            .tables
-            .iter()
-            .map(|table| {
-                let first = table
-                    .iter()
-                    .position(Option::is_some)
-                    .unwrap_or(table.len());
-                let pages = table[first..]
+        let len = seq.tokens.len();
+        Ok((seq.tables.iter().enumerate())
+            .map(|(l, table)| {
+                let (lo, hi) = self.held_range(l, len);
+                table[lo..hi]
                     .iter()
                     .map(|id| {
-                        let id = id.expect("held pages are contiguous") as usize;
+                        let id =
+                            id.expect("a sequence holds every page of its held range") as usize;
                         (self.store.k[id].bytes(), self.store.v[id].bytes())
                     })
-                    .collect();
-                (first, pages)
+                    .collect()
             })
             .collect())
     }
@@ -824,14 +824,14 @@ impl KvPool {
         )
     }
 
-    /// A new sequence from checked snapshot parts: `tokens`, and per layer the first
-    /// page index and each page's key and value bytes (of [`KvPool::page_sizes`]).
+    /// A new sequence from checked snapshot parts: `tokens`, and per layer each page's
+    /// key and value bytes (of [`KvPool::page_sizes`]) for its held range.
     pub(crate) fn adopt(
         &mut self,
         tokens: Vec<u32>,
-        layers: &[(usize, Vec<(&[u8], &[u8])>)],
+        layers: &[Vec<(&[u8], &[u8])>],
     ) -> Result<SeqId, DecodeError> {
-        let need: usize = layers.iter().map(|(_, p)| p.len()).sum();
+        let need: usize = layers.iter().map(Vec::len).sum();
         if need > self.store.available() {
             return Err(DecodeError::PoolFull {
                 need,
@@ -841,8 +841,9 @@ impl KvPool {
         }
         let s = self.new_sequence();
         let mut tables = Vec::with_capacity(layers.len());
-        for (first, pages) in layers {
-            let mut table = vec![None; *first];
+        for (l, pages) in layers.iter().enumerate() {
+            let (first, _) = self.held_range(l, tokens.len());
+            let mut table = vec![None; first];
             for (k, v) in pages {
                 let id = self.store.alloc().expect("budget checked");
                 self.store.k[id as usize].set_bytes(k);
@@ -1059,9 +1060,9 @@ mod tests {
                     for l in 0..2 {
                         let (lo, _) = p.held_range(l, len);
                         let from = if len == 0 { 0 } else { (lo * PAGE).max(first_seen(len, p.windows[l])) };
-                        for pos in from..len {
+                        for (pos, &tag) in tags.iter().enumerate().skip(from) {
                             let got = read(&p, *s, l, pos);
-                            prop_assert_eq!(got, [tags[pos], pos as f32, l as f32, 1.0]);
+                            prop_assert_eq!(got, [tag, pos as f32, l as f32, 1.0]);
                         }
                     }
                 }

@@ -16,6 +16,7 @@ pub mod kv;
 mod ops;
 pub mod rope;
 pub mod sample;
+mod snapshot;
 pub mod tensor;
 mod weights;
 
@@ -27,6 +28,7 @@ pub use batch::{BatchToken, Logits};
 pub use config::Config;
 pub use context::{Context, ContextError, ContextParams};
 pub use kv::{KvError, KvPool, KvPrecision, KvUsage, PAGE, SeqId};
+pub use snapshot::SnapshotError;
 pub use tensor::Threads;
 
 use llamay_gguf::Model as Gguf;
@@ -103,8 +105,8 @@ pub enum DecodeError {
 pub struct Model<'a> {
     /// The weights were bound and checked against it.
     config: Config,
-    /// SHA-256 of every shard's header (metadata and tensor table): what a KV snapshot
-    /// names as its model.
+    /// SHA-256 of every shard's header (metadata and tensor table) and a sample of each
+    /// tensor's bytes: what a KV snapshot names as its model (see `identity`).
     identity: [u8; 32],
     weights: weights::Weights<'a>,
     /// The mapping the weights borrow, when the model owns it (declared last: dropped
@@ -155,17 +157,20 @@ impl<'a> Model<'a> {
         release: &dyn Fn(&'a [u8]),
     ) -> Result<Model<'a>, LoadError> {
         let (config, mut weights) = Self::bind(gguf, weights::ReadData::Yes)?;
+        // Before the packing releases the file pages it samples.
+        let identity = identity(gguf);
         let pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
         weights.pack(&pool, release);
         Ok(Model {
             config,
-            identity: identity(gguf),
+            identity,
             weights,
             _mapping: None,
         })
     }
 
-    /// SHA-256 of the file's metadata and tensor table (every shard's header bytes).
+    /// What identifies this model's file: see [`Model::identity`]'s computation in
+    /// `identity` (headers, plus the first and last 4 KiB of every tensor).
     pub fn identity(&self) -> &[u8; 32] {
         &self.identity
     }
@@ -243,12 +248,21 @@ pub enum OpenError {
     Load(#[from] LoadError),
 }
 
-/// SHA-256 over every shard's header: magic to the start of the data section.
+/// SHA-256 over every shard's header (magic to the end of the tensor table), then the
+/// first and last 4 KiB of every tensor's data: two files with the same metadata and
+/// tensor table but other weights (a fine-tune that kept its name) differ, at the cost
+/// of reading 8 KiB per tensor rather than the whole file.
 fn identity(gguf: &Gguf<'_>) -> [u8; 32] {
     use sha2::Digest;
+    const SAMPLE: usize = 4096;
     let mut h = sha2::Sha256::new();
     for shard in &gguf.shards {
         h.update(shard.header_bytes());
+    }
+    for t in gguf.tensors() {
+        let d = t.data;
+        h.update(&d[..d.len().min(SAMPLE)]);
+        h.update(&d[d.len().saturating_sub(SAMPLE)..]);
     }
     h.finalize().into()
 }

@@ -40,7 +40,7 @@ pub struct Args {
     /// Output: md (llama-bench's table), json (an array), jsonl (one object a line).
     #[arg(short = 'o', long = "output", default_value = "md")]
     output: String,
-    /// KV cache precision: f32 (exact, the default) or f16 (llama.cpp's numerics).
+    /// KV cache precision: f32 (exact), f16 (llama.cpp's default), vq8 (int8 values), q8 (int8 keys and values).
     #[arg(long, default_value = "f32")]
     kv: String,
     /// Skip the warm-up runs.

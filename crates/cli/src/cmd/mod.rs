@@ -6,4 +6,5 @@ pub mod perplexity;
 pub mod quantize;
 pub mod run;
 pub mod tokenize;
+pub mod verify;
 pub mod version;

@@ -26,7 +26,7 @@ pub struct Args {
     chunks: Option<usize>,
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// KV cache precision: f32 (exact) or f16 (llama.cpp's default numerics).
+    /// KV cache precision: f32 (exact), f16 (llama.cpp's default), vq8 (int8 values), q8 (int8 keys and values).
     #[arg(long, default_value = "f32")]
     kv: String,
 }

@@ -45,7 +45,7 @@ pub struct Args {
     /// Context size (0: the model's training context).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
-    /// KV cache precision: f32 (exact) or f16 (llama.cpp's default numerics).
+    /// KV cache precision: f32 (exact), f16 (llama.cpp's default), vq8 (int8 values), q8 (int8 keys and values).
     #[arg(long, default_value = "f32")]
     kv: String,
     /// Do not wrap the prompt in the model's chat template.
