@@ -161,6 +161,53 @@ fn generation_stops_at_the_context() {
 }
 
 #[test]
+fn verify_contract() {
+    // gpt2: a learned position table, so the text is cut to the training context.
+    for name in ["llama-Q8_0.gguf", "gpt2-Q4_K.gguf"] {
+        let m = fixture(name);
+        let out = ok_stdout(&llamay(&["verify", m.to_str().unwrap()]));
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with("| precision | KV bytes/token |"),
+            "{out}"
+        );
+        let row = |p: &str| {
+            (lines.iter())
+                .find(|l| l.starts_with(&format!("| {p} |")))
+                .unwrap_or_else(|| panic!("no {p} row: {out}"))
+                .to_string()
+        };
+        assert!(row("f32").contains("| 100% |"), "{out}");
+        assert!(row("vq8").contains("| 63% |"), "{out}");
+        assert!(row("q8").contains("| 27% |"), "{out}");
+        // The teeth row must fail; the verdict says it does.
+        assert!(row("1-bit (teeth)").contains("FAIL (teeth"), "{out}");
+        let last = lines.last().unwrap();
+        assert!(last.starts_with("recommended: --kv "), "{out}");
+        // The mean TV column parses and stays within [0, 100].
+        let tv: f64 = row("vq8")
+            .split('|')
+            .nth(4)
+            .unwrap()
+            .trim()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap();
+        assert!((0.0..=100.0).contains(&tv), "{out}");
+    }
+    let m = fixture("llama-Q8_0.gguf");
+    let m = m.to_str().unwrap();
+    assert_error(&llamay(&["verify", m, "--kv", "f32"]), "--kv f32");
+    assert_error(
+        &llamay(&["verify", m, "--kv", "q4"]),
+        "use one of f32, f16, vq8, q8",
+    );
+    assert_error(&llamay(&["verify", m, "-c", "0"]), "-c 0");
+    let o = ok_stdout(&llamay(&["verify", m, "--kv", "q8", "-c", "40"]));
+    assert!(!o.contains("| vq8 |") && o.contains("| q8 |"), "{o}");
+}
+
+#[test]
 fn perplexity_contract() {
     let m = fixture("llama-Q4_K.gguf");
     let text = std::env::temp_dir().join(format!("llamay-ppl-{}.txt", std::process::id()));

@@ -24,7 +24,8 @@ pub struct Args {
     /// Quantised precisions to measure, comma-separated.
     #[arg(long, default_value = "vq8,q8", value_delimiter = ',')]
     kv: Vec<String>,
-    /// Most tokens of the text to run (default: all of it, up to 2048).
+    /// Most tokens of the text to run (default: all of it, up to 2048 and the model's
+    /// training context).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
     #[arg(short = 't', long)]
@@ -104,7 +105,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let mut tokens = tok.encode(&text, true, false);
-    tokens.truncate(max_tokens);
+    // Past the training context the comparison would measure extrapolation, not the
+    // cache (and a learned position table ends there).
+    tokens.truncate(max_tokens.min(model.config().n_ctx_train));
     if tokens.len() < 2 {
         bail!(
             "the text is {} token(s); at least 2 are needed",
