@@ -129,7 +129,10 @@ fn bad_run_input_is_one_clear_error() {
         "repeat-penalty",
     );
     assert_error(&llamay(&["run", m, "-p", "x", "-t", "0"]), "-t 0");
-    assert_error(&llamay(&["run", m, "-p", "x", "--kv", "q4"]), "--kv q4: use one of f32, f16, vq8, q8");
+    assert_error(
+        &llamay(&["run", m, "-p", "x", "--kv", "q4"]),
+        "--kv q4: use one of f32, f16, vq8, q8",
+    );
     assert_error(&llamay(&["run", m]), "-p TEXT or -f FILE");
     let long = "word ".repeat(400);
     assert_error(
