@@ -4,8 +4,20 @@
 //! (scripts/test sets both).
 
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The Gemma file, the reference tree and llama-perplexity's recorded run, or `None`
+/// (a printed skip; a failure under scripts/test) when the first two are not given.
+fn reference() -> Option<(PathBuf, PathBuf, Value)> {
+    use llamay_synth::reference::path;
+    let model = path("LLAMAY_GEMMA", "LLAMAY_GEMMA=$(scripts/fetch-models)")?;
+    let tree = path("LLAMAY_REF_TREE", "LLAMAY_REF_TREE=$(scripts/fetch-ref)")?;
+    let data =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/gemma/perplexity.json");
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(data).unwrap()).unwrap();
+    Some((model, tree, want))
+}
 
 /// `llamay perplexity` on the reference text's chunks with cache `kv`: the final PPL.
 fn ppl(model: &Path, tree: &Path, want: &Value, kv: &str) -> f64 {
@@ -38,16 +50,9 @@ fn ppl(model: &Path, tree: &Path, want: &Value, kv: &str) -> f64 {
 /// The KV-cache issue's bar: int8 values (keys exact) cost under 0.5% of perplexity.
 #[test]
 fn vq8_perplexity_within_half_a_percent_of_f32() {
-    use llamay_synth::reference::path;
-    let Some(model) = path("LLAMAY_GEMMA", "LLAMAY_GEMMA=$(scripts/fetch-models)") else {
+    let Some((model, tree, want)) = reference() else {
         return;
     };
-    let Some(tree) = path("LLAMAY_REF_TREE", "LLAMAY_REF_TREE=$(scripts/fetch-ref)") else {
-        return;
-    };
-    let data =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/gemma/perplexity.json");
-    let want: Value = serde_json::from_str(&std::fs::read_to_string(data).unwrap()).unwrap();
     let exact = ppl(&model, &tree, &want, "f32");
     let vq8 = ppl(&model, &tree, &want, "vq8");
     let rel = (vq8 - exact) / exact;
@@ -98,44 +103,11 @@ fn verify_on_gemma_passes_vq8_and_the_teeth_row_fails() {
 
 #[test]
 fn perplexity_within_half_a_percent_of_llama_perplexity() {
-    use llamay_synth::reference::path;
-    let Some(model) = path("LLAMAY_GEMMA", "LLAMAY_GEMMA=$(scripts/fetch-models)") else {
+    let Some((model, tree, want)) = reference() else {
         return;
     };
-    let Some(tree) = path("LLAMAY_REF_TREE", "LLAMAY_REF_TREE=$(scripts/fetch-ref)") else {
-        return;
-    };
-    let data =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/data/gemma/perplexity.json");
-    let want: Value = serde_json::from_str(&std::fs::read_to_string(data).unwrap()).unwrap();
-    let text = tree.join(want["text_file"].as_str().unwrap());
-    let chunks = want["chunks"].as_u64().unwrap().to_string();
-    let c = want["c"].as_u64().unwrap().to_string();
     // llama-perplexity's defaults: f16 cache (and flash attention); our f16 precision.
-    let out = Command::new(env!("CARGO_BIN_EXE_llamay"))
-        .args([
-            "perplexity",
-            model.to_str().unwrap(),
-            "-f",
-            text.to_str().unwrap(),
-            "-c",
-            &c,
-        ])
-        .args(["--chunks", &chunks, "--kv", "f16"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let last = stdout.lines().last().unwrap();
-    let ppl: f64 = last
-        .strip_prefix("Final estimate: PPL = ")
-        .and_then(|r| r.split(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no final estimate in: {stdout}"));
+    let ppl = ppl(&model, &tree, &want, "f16");
     let reference = want["ppl"].as_f64().unwrap();
     let rel = (ppl - reference) / reference;
     eprintln!(

@@ -1067,7 +1067,8 @@ mod tests {
                     }
                 }
             }
-            prop_assert_eq!(p.usage().pages_used, p.held().min(p.usage().pages_used));
+            // Every page in use has a holder (a page counted but held by none leaked).
+            prop_assert!(p.usage().pages_used <= p.held());
             for (s, _) in live.drain(..) {
                 p.free(s).unwrap();
             }
