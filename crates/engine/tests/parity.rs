@@ -47,13 +47,25 @@ fn every_fixture_matches_llama_cpp() {
     fixtures_match_through(KvPrecision::F32);
 }
 
-/// The fixtures were recorded with llama.cpp's F32 KV cache; through an f16 cache the
-/// keys, values and queries are rounded to f16 (as llama.cpp's f16 cache does), which
-/// the quantised activations of the later layers amplify. Measured (b11434 fixtures,
-/// this engine): max 8.7e-3 / mean 1.5e-3 for F32/F16 weights, max 0.27 / mean 0.048
-/// for the quantised ones (qwen3-Q6_K), against the F32-cache logits; the bounds below
-/// allow that and still require the same top-1 everywhere. (The f16 cache's agreement
-/// with llama.cpp's own f16 cache is tests/gemma.rs's greedy check.)
+/// Each fixture also has logits recorded through llama.cpp's own F16 KV cache
+/// (`scripts/gen-arch-expected --kv f16`: keys, values and the Q·K query as f16). Ours
+/// rounds the same three but keeps the softmax weights and the weighted sum of values
+/// in f32, where llama.cpp rounds the weights to f16 (no flash attention; with it, the
+/// sum is accumulated in f16). Those extra roundings are independent of ours, so the
+/// two f16 caches differ by about as much as either differs from the exact cache:
+/// measured max 5.1e-3 / mean 7.3e-4 (F32 weights), 9.1e-3 / 1.5e-3 (F16), 0.245 /
+/// 0.044 (quantised: activation-rounding flips amplify it) — hence `f16_tolerance`.
+/// What shows ours is the better f16 cache and not a broken one: on every fixture its
+/// mean distance to the exact-cache logits is at most 1.15× llama.cpp's f16 cache's
+/// (measured: at most 0.92× on F32 weights, 19 of 19 closer; at most 1.055× overall).
+fn f16_tolerance(ty: &str) -> (f32, f32) {
+    match ty {
+        "F32" => (8e-3, 1.2e-3),
+        "F16" => (1.4e-2, 2.2e-3),
+        _ => (0.32, 0.055),
+    }
+}
+
 #[test]
 fn every_fixture_matches_llama_cpp_through_an_f16_cache() {
     fixtures_match_through(KvPrecision::F16);
@@ -89,12 +101,20 @@ fn fixtures_match_through(precision: KvPrecision) {
             .map(|t| t.as_u64().unwrap() as u32)
             .collect();
         let n_vocab = f["n_vocab"].as_u64().unwrap() as usize;
-        let want: Vec<f32> = std::fs::read(data().join(f["logits"].as_str().unwrap()))
-            .unwrap()
-            .chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        assert_eq!(want.len(), tokens.len() * n_vocab);
+        let logits = |key: &str| -> Vec<f32> {
+            let v: Vec<f32> = std::fs::read(data().join(f[key].as_str().unwrap()))
+                .unwrap()
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(v.len(), tokens.len() * n_vocab, "{name}: {key}");
+            v
+        };
+        let exact = logits("logits");
+        let want = match precision {
+            KvPrecision::F16 => logits("logits_f16"),
+            _ => exact.clone(),
+        };
 
         let mapped = MappedModel::open(&path).unwrap();
         let gguf = mapped.parse().unwrap();
@@ -116,10 +136,7 @@ fn fixtures_match_through(precision: KvPrecision) {
             .collect();
         let got = ctx.decode(&batch).unwrap();
         let (tol, mean_tol) = match precision {
-            KvPrecision::F16 => match ty {
-                "F32" | "F16" => (2e-2, 3e-3),
-                _ => (0.35, 0.06),
-            },
+            KvPrecision::F16 => f16_tolerance(ty),
             _ => tolerance(ty),
         };
         let mut max_diff = 0f32;
@@ -147,6 +164,21 @@ fn fixtures_match_through(precision: KvPrecision) {
             failures.push(format!(
                 "{name}: max |diff| {max_diff:.3e} (bound {tol:.0e}), mean {mean_diff:.3e} (bound {mean_tol:.0e}), top-1 differs at {top1_miss:?}"
             ));
+        }
+        if precision == KvPrecision::F16 {
+            let mean_dist = |a: &[f32]| {
+                a.iter()
+                    .zip(&exact)
+                    .map(|(x, y)| f64::from((x - y).abs()))
+                    .sum::<f64>()
+                    / exact.len() as f64
+            };
+            let (ours, theirs) = (mean_dist(&got.values), mean_dist(&want));
+            if ours > 1.15 * theirs {
+                failures.push(format!(
+                    "{name}: through f16, mean distance to the exact-cache logits {ours:.3e} > 1.15 × llama.cpp's f16 cache's {theirs:.3e}"
+                ));
+            }
         }
         checked += 1;
     }
