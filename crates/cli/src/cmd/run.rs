@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
 use llamay_engine::{BatchToken, Context as EngineContext, ContextParams};
 use llamay_gguf::MappedModel;
-use llamay_template::{ChatTemplate, Message};
+use llamay_template::{ChatTemplate, Message, RenderOptions};
 use llamay_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::PathBuf;
@@ -118,7 +118,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 text(tok.eos()).unwrap_or_default(),
             );
             let template = ChatTemplate::new(source)?;
-            let rendered = template.render(&[Message::new("user", &prompt)], true, &bos, &eos)?;
+            let opts = RenderOptions {
+                add_generation_prompt: true,
+                bos_token: bos.clone(),
+                eos_token: eos.clone(),
+                ..RenderOptions::default()
+            };
+            let rendered = template.render(&[Message::new("user", &prompt)], &opts)?;
             // A template that writes the BOS text itself must not get a second BOS.
             let add_special = bos.is_empty() || !rendered.starts_with(&bos);
             tok.encode(rendered.as_bytes(), add_special, true)
