@@ -1,6 +1,7 @@
 //! The `llamay` binary: argument parsing and output only. Every command returns a
 //! `Result`; `main` turns an error into one `error:` line on stderr and exit status 1.
 
+mod chat;
 mod cmd;
 mod ftype;
 mod out;
@@ -63,6 +64,8 @@ enum Command {
     Detokenize(cmd::tokenize::DetokArgs),
     /// Generate text from a prompt.
     Run(cmd::run::Args),
+    /// Print the exact prompt a chat template makes of a conversation.
+    Render(cmd::render::Args),
     /// Perplexity of a text file, by llama-perplexity's method.
     Perplexity(cmd::perplexity::Args),
     /// How much each quantised KV cache precision moves this file's next-token
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => cmd::tokenize::run(&args),
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
         Command::Run(args) => cmd::run::run(&args),
+        Command::Render(args) => cmd::render::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),

@@ -3,10 +3,7 @@
 
 mod common;
 
-use common::{fixture, llamay, ok_stdout};
-use llamay_gguf::{GgufFile, GgufWriter, Value};
-use std::borrow::Cow;
-use std::path::{Path, PathBuf};
+use common::{fixture, llamay, ok_stdout, with_template};
 use std::process::Output;
 
 fn assert_error(o: &Output, needle: &str) {
@@ -64,30 +61,11 @@ fn greedy_run_is_deterministic_and_streams_only_the_generation() {
     assert_eq!(s1, s2);
 }
 
-/// A copy of `src` with a chat template added to its metadata.
-fn with_template(src: &Path, template: &str) -> PathBuf {
-    let bytes = std::fs::read(src).unwrap();
-    let f = GgufFile::parse(&bytes).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in f.metadata.iter() {
-        w.add_kv(k, v.clone()).unwrap();
-    }
-    w.add_kv("tokenizer.chat_template", Value::String(template.into()))
-        .unwrap();
-    for t in &f.tensors {
-        w.add_tensor(t.name, t.ty, &t.shape).unwrap();
-    }
-    let out = std::env::temp_dir().join(format!("llamay-run-template-{}.gguf", std::process::id()));
-    let mut file = std::fs::File::create(&out).unwrap();
-    w.write(&mut file, |i| Ok(Cow::Borrowed(f.tensors[i].data)))
-        .unwrap();
-    out
-}
-
 #[test]
 fn chat_template_wraps_the_prompt_unless_raw() {
     let t = with_template(
         &fixture("qwen2-Q4_0.gguf"),
+        "run",
         "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
     );
     let t = t.to_str().unwrap();

@@ -1,8 +1,11 @@
 //! Chat: messages as the HTTP APIs carry them, and the model's own chat template
 //! (`tokenizer.chat_template`) rendered as Hugging Face transformers renders it.
 
+pub mod builtin;
 mod message;
+mod output;
 mod render;
 
 pub use message::{Message, MessageError, ToolCall};
+pub use output::{Event, OutputFormat, OutputParser, ToolSyntax};
 pub use render::{ChatTemplate, MAX_OUTPUT, RenderOptions, TemplateError, civil_date};

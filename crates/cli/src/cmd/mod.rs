@@ -4,6 +4,7 @@ pub mod dump;
 pub mod info;
 pub mod perplexity;
 pub mod quantize;
+pub mod render;
 pub mod run;
 pub mod tokenize;
 pub mod verify;

@@ -1,12 +1,13 @@
 //! `llamay run`: generate text from a prompt, streaming it to stdout.
 
 use crate::ModelArg;
+use crate::chat;
 use crate::session;
 use anyhow::{Context, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
 use llamay_engine::{BatchToken, Context as EngineContext, ContextParams};
 use llamay_gguf::MappedModel;
-use llamay_template::{ChatTemplate, Message, RenderOptions};
+use llamay_template::Message;
 use llamay_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::PathBuf;
@@ -48,9 +49,15 @@ pub struct Args {
     /// KV cache precision: f32 (exact), f16 (llama.cpp's default), vq8 (int8 values), q8 (int8 keys and values).
     #[arg(long, default_value = "f32")]
     kv: String,
-    /// Do not wrap the prompt in the model's chat template.
-    #[arg(long)]
+    /// Do not wrap the prompt in a chat template.
+    #[arg(long, conflicts_with_all = ["system", "chat_template"])]
     raw: bool,
+    /// A system message before the prompt (through the chat template).
+    #[arg(long, value_name = "TEXT")]
+    system: Option<String>,
+    /// A built-in template name or a Jinja file, instead of the model's own.
+    #[arg(long, value_name = "NAME|FILE")]
+    chat_template: Option<String>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -102,34 +109,25 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let n_ctx = session::context(args.ctx_size, &model)?;
-    let ids = match gguf
-        .metadata()
-        .get_str("tokenizer.chat_template")
-        .ok()
-        .flatten()
-    {
-        Some(source) if !args.raw => {
-            let text = |id: Option<u32>| {
-                id.and_then(|i| tok.token_to_piece(i, true).ok())
-                    .map(|b| String::from_utf8_lossy(b).into_owned())
-            };
-            let (bos, eos) = (
-                text(tok.bos()).unwrap_or_default(),
-                text(tok.eos()).unwrap_or_default(),
-            );
-            let template = ChatTemplate::new(source)?;
-            let opts = RenderOptions {
-                add_generation_prompt: true,
-                bos_token: bos.clone(),
-                eos_token: eos.clone(),
-                ..RenderOptions::default()
-            };
-            let rendered = template.render(&[Message::new("user", &prompt)], &opts)?;
-            // A template that writes the BOS text itself must not get a second BOS.
-            let add_special = bos.is_empty() || !rendered.starts_with(&bos);
-            tok.encode(rendered.as_bytes(), add_special, true)
+    let format = if args.raw {
+        None
+    } else {
+        chat::resolve(args.chat_template.as_deref(), gguf.metadata(), &tok)?
+    };
+    let ids = match format {
+        Some(format) => {
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(Message::new("system", system));
+            }
+            messages.push(Message::new("user", &prompt));
+            let rendered = format.render(&messages, None, true, Default::default())?;
+            format.encode(&tok, &rendered)
         }
-        _ => tok.encode(prompt.as_bytes(), true, true),
+        None if args.system.is_some() => bail!(
+            "--system needs a chat template, and this model has none; give one with --chat-template NAME|FILE"
+        ),
+        None => tok.encode(prompt.as_bytes(), true, true),
     };
     if ids.is_empty() {
         bail!("the prompt is empty");

@@ -1,7 +1,9 @@
 //! Helpers shared by the CLI tests that run the generated architecture fixtures.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use llamay_gguf::{GgufFile, GgufWriter, Value};
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A fixture written by scripts/gen-arch-fixtures into `$LLAMAY_FIXTURES`
@@ -32,4 +34,35 @@ pub fn llamay(args: &[&str]) -> Output {
 pub fn ok_stdout(o: &Output) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+/// A copy of `src` with `template` as its `tokenizer.chat_template`, in the temp dir
+/// under a name with `tag` (tests running in parallel use different tags).
+pub fn with_template(src: &Path, tag: &str, template: &str) -> PathBuf {
+    let bytes = std::fs::read(src).unwrap();
+    let f = GgufFile::parse(&bytes).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata.iter() {
+        if k != "tokenizer.chat_template" {
+            w.add_kv(k, v.clone()).unwrap();
+        }
+    }
+    w.add_kv("tokenizer.chat_template", Value::String(template.into()))
+        .unwrap();
+    for t in &f.tensors {
+        w.add_tensor(t.name, t.ty, &t.shape).unwrap();
+    }
+    let out =
+        std::env::temp_dir().join(format!("llamay-template-{tag}-{}.gguf", std::process::id()));
+    let mut file = std::fs::File::create(&out).unwrap();
+    w.write(&mut file, |i| Ok(Cow::Borrowed(f.tensors[i].data)))
+        .unwrap();
+    out
+}
+
+/// A file in the temp dir holding `text`.
+pub fn temp_file(name: &str, text: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("llamay-{}-{name}", std::process::id()));
+    std::fs::write(&p, text).unwrap();
+    p
 }
