@@ -4,6 +4,7 @@
 mod chat;
 mod cmd;
 mod ftype;
+mod generate;
 mod out;
 mod runnable;
 mod session;
@@ -64,6 +65,8 @@ enum Command {
     Detokenize(cmd::tokenize::DetokArgs),
     /// Generate text from a prompt.
     Run(cmd::run::Args),
+    /// Chat with a model through its chat template; the conversation stays in the cache.
+    Chat(cmd::chat::Args),
     /// Print the exact prompt a chat template makes of a conversation.
     Render(cmd::render::Args),
     /// Perplexity of a text file, by llama-perplexity's method.
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
         Command::Run(args) => cmd::run::run(&args),
         Command::Render(args) => cmd::render::run(&args),
+        Command::Chat(args) => cmd::chat::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),

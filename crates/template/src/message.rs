@@ -159,6 +159,43 @@ impl Message {
             .collect()
     }
 
+    /// The message in OpenAI's wire shape (tool-call arguments as a JSON string,
+    /// reasoning as `reasoning_content`); [`Message::from_json`] reads it back equal.
+    pub fn to_openai(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("role".into(), self.role.clone().into());
+        m.insert("content".into(), self.content.clone().into());
+        if let Some(r) = &self.reasoning {
+            m.insert("reasoning_content".into(), r.clone().into());
+        }
+        if !self.tool_calls.is_empty() {
+            let calls = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let mut call = Map::new();
+                    if let Some(id) = &c.id {
+                        call.insert("id".into(), id.clone().into());
+                    }
+                    call.insert("type".into(), "function".into());
+                    call.insert(
+                        "function".into(),
+                        serde_json::json!({"name": c.name, "arguments": c.arguments.to_string()}),
+                    );
+                    Value::Object(call)
+                })
+                .collect();
+            m.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.insert("tool_call_id".into(), id.clone().into());
+        }
+        if let Some(n) = &self.name {
+            m.insert("name".into(), n.clone().into());
+        }
+        Value::Object(m)
+    }
+
     /// What the template sees: a mapping with only the keys this message has, in a
     /// fixed order (role, content, reasoning_content, thinking, tool_calls,
     /// tool_call_id, name) — the dict transformers would be given.
@@ -243,6 +280,11 @@ mod tests {
         let a = Message::from_json(0, &openai).unwrap();
         assert_eq!(a, Message::from_json(0, &ollama).unwrap());
         assert_eq!(a.tool_calls[0].arguments, json!({"x": 1}));
+        assert_eq!(
+            Message::from_json(0, &a.to_openai()).unwrap(),
+            a,
+            "round trip"
+        );
         assert_eq!(
             a.to_template_value(),
             json!({"role": "assistant", "content": "", "reasoning_content": "hmm", "thinking": "hmm",

@@ -176,12 +176,14 @@ fn clean_spaces(mut text: Vec<u8>) -> Vec<u8> {
 
 /// Turns a stream of token ids into text, emitting only complete UTF-8: bytes of a
 /// character split across tokens are held until the character is complete. Control
-/// tokens render empty (as in [`Tokenizer::decode`]); no clean-up of spaces is
-/// applied (it needs look-ahead).
+/// tokens render empty (as in [`Tokenizer::decode`]) unless the decoder renders them
+/// ([`StreamDecoder::rendering_special`]: chat output, whose markup is often control
+/// tokens); no clean-up of spaces is applied (it needs look-ahead).
 pub struct StreamDecoder<'a> {
     t: &'a Tokenizer,
     pending: Vec<u8>,
     first: bool,
+    special: bool,
 }
 
 impl<'a> StreamDecoder<'a> {
@@ -190,12 +192,21 @@ impl<'a> StreamDecoder<'a> {
             t,
             pending: Vec::new(),
             first: true,
+            special: false,
+        }
+    }
+
+    /// A decoder that renders control tokens' text (`<|channel|>`, `<tool_call>`, ...).
+    pub fn rendering_special(t: &'a Tokenizer) -> Self {
+        StreamDecoder {
+            special: true,
+            ..Self::new(t)
         }
     }
 
     /// Adds one token; returns the text that became complete (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
-        let mut p = self.t.token_to_piece(id, false)?;
+        let mut p = self.t.token_to_piece(id, self.special)?;
         if self.first && self.t.add_space_prefix {
             // like detokenize: the first piece loses one leading space when the
             // vocabulary adds a space prefix (BOS does not count as first)

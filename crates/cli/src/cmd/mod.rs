@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod chat;
 pub mod coverage;
 pub mod dump;
 pub mod info;

@@ -2,10 +2,11 @@
 
 use crate::ModelArg;
 use crate::chat;
+use crate::generate::{Flow, Sampling, SamplingArgs, prefill};
 use crate::session;
 use anyhow::{Context, bail};
-use llamay_engine::sample::{Sampler, SamplerParams};
-use llamay_engine::{BatchToken, Context as EngineContext, ContextParams};
+use llamay_engine::sample::Sampler;
+use llamay_engine::{Context as EngineContext, ContextParams};
 use llamay_gguf::MappedModel;
 use llamay_template::Message;
 use llamay_tokenizer::Tokenizer;
@@ -23,26 +24,8 @@ pub struct Args {
     /// Read the prompt from a file.
     #[arg(short = 'f', long)]
     file: Option<PathBuf>,
-    /// Tokens to generate (-1: until end of generation or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_hyphen_values = true)]
-    n_predict: i64,
-    /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
-    temp: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
-    min_p: f32,
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    repeat_penalty: f32,
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    frequency_penalty: f32,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Context size (0: the model's training context).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
@@ -58,37 +41,15 @@ pub struct Args {
     /// A built-in template name or a Jinja file, instead of the model's own.
     #[arg(long, value_name = "NAME|FILE")]
     chat_template: Option<String>,
-    /// Keep generating past end-of-generation tokens.
-    #[arg(long)]
-    ignore_eos: bool,
     #[arg(short = 't', long)]
     threads: Option<usize>,
 }
 
-/// Prompt tokens evaluated per decode call: bounds the activations' memory.
-const PREFILL_CHUNK: usize = 512;
-
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let path = args.model.path()?;
-    if args.n_predict == 0 || args.n_predict < -1 {
-        bail!(
-            "-n {}: give the number of tokens to generate (>= 1), or -1 to generate until the end",
-            args.n_predict
-        );
-    }
+    let limit = args.sampling.limit()?;
     let kv = session::kv(&args.kv)?;
-    let params = SamplerParams {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        presence_penalty: args.presence_penalty,
-        frequency_penalty: args.frequency_penalty,
-        seed: args.seed,
-        ..SamplerParams::default()
-    };
-    params.validate().map_err(anyhow::Error::msg)?;
+    let params = args.sampling.params()?;
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), None) => p.clone(),
         (None, Some(f)) => {
@@ -140,91 +101,50 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let load_s = t_load.elapsed().as_secs_f64();
     let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
-    generate(&mut ctx, &tok, &ids, args, params, load_s)
+    generate(
+        &mut ctx,
+        &tok,
+        &ids,
+        Sampling {
+            sampler: Sampler::new(params),
+            history: ids.clone(),
+            limit,
+            ignore_eos: args.sampling.ignore_eos,
+        },
+        load_s,
+    )
 }
 
-/// Prefills `prompt` into `cache` (whose capacity is the context size), then samples
-/// and streams until a stop condition.
+/// Prefills `prompt` into a new sequence, then samples and streams until a stop
+/// condition.
 fn generate(
     ctx: &mut EngineContext<'_>,
     tok: &Tokenizer,
     prompt: &[u32],
-    args: &Args,
-    params: SamplerParams,
+    mut sampling: Sampling,
     load_s: f64,
 ) -> anyhow::Result<()> {
-    let n_ctx = ctx.kv().n_ctx();
     let seq = ctx.new_sequence();
     let t_prompt = Instant::now();
-    let mut logits = Vec::new();
-    for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
-        let base = c * PREFILL_CHUNK;
-        let last = base + chunk.len() == prompt.len();
-        let batch: Vec<BatchToken> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| BatchToken {
-                seq,
-                token: t,
-                pos: base + i,
-                logits: last && i + 1 == chunk.len(),
-            })
-            .collect();
-        let out = ctx.decode(&batch)?;
-        if last {
-            logits = out.row(0).to_vec();
-        }
-    }
+    let logits = prefill(ctx, seq, prompt, 0)?;
     let prompt_s = t_prompt.elapsed().as_secs_f64();
-
-    let mut sampler = Sampler::new(params);
-    let mut history: Vec<u32> = prompt.to_vec();
     let mut stream = tok.stream_decoder();
     let mut out = std::io::stdout().lock();
-    let limit = if args.n_predict < 0 {
-        usize::MAX
-    } else {
-        args.n_predict as usize
-    };
     let t_gen = Instant::now();
-    let mut generated = 0usize;
-    let mut stop = "length";
-    while generated < limit {
-        let id = sampler.sample(&logits, &history);
-        if tok.is_eog(id) && !args.ignore_eos {
-            stop = "end of generation";
-            break;
-        }
-        let text = stream.push(id)?;
-        out.write_all(text.as_bytes())?;
+    let (generated, stop) = sampling.run(ctx, seq, tok, logits, |id| {
+        out.write_all(stream.push(id)?.as_bytes())?;
         out.flush()?;
-        history.push(id);
-        generated += 1;
-        let pos = ctx.kv().len(seq)?;
-        if pos >= n_ctx {
-            stop = "context full";
-            break;
-        }
-        if generated == limit {
-            break;
-        }
-        let l = ctx.decode(&[BatchToken {
-            seq,
-            token: id,
-            pos,
-            logits: true,
-        }])?;
-        logits.clear();
-        logits.extend_from_slice(l.row(0));
-    }
+        Ok(Flow::Continue)
+    })?;
     out.write_all(stream.finish().as_bytes())?;
     out.flush()?;
     let gen_s = t_gen.elapsed().as_secs_f64();
     eprintln!(
-        "\nload {load_s:.2} s | prompt {} tokens in {prompt_s:.2} s ({:.1} tok/s) | generation {generated} tokens in {gen_s:.2} s ({:.1} tok/s) | stop: {stop}",
+        "\nload {load_s:.2} s | prompt {} tokens in {prompt_s:.2} s ({:.1} tok/s) | generation {generated} tokens in {gen_s:.2} s ({:.1} tok/s) | stop: {}",
         prompt.len(),
         prompt.len() as f64 / prompt_s.max(1e-9),
         generated as f64 / gen_s.max(1e-9),
+        stop.as_str(),
     );
     Ok(())
 }
