@@ -3,6 +3,7 @@
 //! both take.
 
 use anyhow::bail;
+use llamay_engine::grammar::Constraint;
 use llamay_engine::sample::{Sampler, SamplerParams};
 use llamay_engine::{BatchToken, Context, SeqId};
 use llamay_tokenizer::Tokenizer;
@@ -106,6 +107,8 @@ pub enum Stop {
     ContextFull,
     /// The caller asked to stop (Ctrl-C in `chat`).
     Interrupted,
+    /// The grammar's sentence is complete and nothing may follow it.
+    GrammarComplete,
 }
 
 impl Stop {
@@ -115,6 +118,7 @@ impl Stop {
             Stop::Length => "length",
             Stop::ContextFull => "context full",
             Stop::Interrupted => "interrupted",
+            Stop::GrammarComplete => "grammar complete",
         }
     }
 }
@@ -133,6 +137,9 @@ pub struct Sampling {
     pub history: Vec<u32>,
     pub limit: usize,
     pub ignore_eos: bool,
+    /// `--json` / `--json-schema` / `--grammar`: every token keeps the output a prefix
+    /// of the grammar's sentences; an end token only once it is a whole one.
+    pub constraint: Option<Constraint>,
 }
 
 impl Sampling {
@@ -153,7 +160,23 @@ impl Sampling {
         let n_ctx = ctx.kv().n_ctx();
         let mut generated = 0usize;
         while generated < self.limit {
-            let id = self.sampler.sample(&logits, &self.history);
+            let id = match &mut self.constraint {
+                None => self.sampler.sample(&logits, &self.history),
+                Some(c) => {
+                    let Some(id) = self.sampler.sample_constrained(&logits, &self.history, c)
+                    else {
+                        bail!(
+                            "the grammar admits no token of this vocabulary here (after {generated} tokens)"
+                        );
+                    };
+                    if tok.is_eog(id) {
+                        // Accepted only where the output is a whole sentence.
+                        return Ok((generated, Stop::EndOfGeneration));
+                    }
+                    c.accept(id);
+                    id
+                }
+            };
             if tok.is_eog(id) && !self.ignore_eos {
                 return Ok((generated, Stop::EndOfGeneration));
             }
@@ -161,6 +184,13 @@ impl Sampling {
             generated += 1;
             if on_token(id)? == Flow::Stop {
                 return Ok((generated, Stop::Interrupted));
+            }
+            if self
+                .constraint
+                .as_ref()
+                .is_some_and(|c| c.state().is_finished())
+            {
+                return Ok((generated, Stop::GrammarComplete));
             }
             let pos = ctx.kv().len(seq)?;
             if pos >= n_ctx {

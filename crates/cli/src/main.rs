@@ -3,6 +3,7 @@
 
 mod chat;
 mod cmd;
+mod constrain;
 mod ftype;
 mod generate;
 mod out;

@@ -228,3 +228,98 @@ fn run_wraps_system_and_prompt_in_the_chosen_template() {
         "--system needs a chat template",
     );
 }
+
+/// `--json-schema`: on random fixture weights (whatever they prefer) and on Gemma, every
+/// finished output parses and has the schema's shape; bad constraints are refused first.
+#[test]
+fn constrained_output_follows_the_schema() {
+    let schema = temp_file(
+        "schema.json",
+        &json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y"]}, "c": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}}, "required": ["a", "b"]}).to_string(),
+    );
+    let schema = schema.to_str().unwrap();
+    let check = |out: &str| {
+        let v: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        assert!(v["a"].is_i64() || v["a"].is_u64(), "{v}");
+        assert!(v["b"] == "x" || v["b"] == "y", "{v}");
+        assert!(
+            v.get("c").is_none_or(|c| c
+                .as_array()
+                .is_some_and(|c| c.len() <= 2 && c.iter().all(Value::is_boolean))),
+            "{v}"
+        );
+        assert!(
+            v.as_object()
+                .unwrap()
+                .keys()
+                .all(|k| ["a", "b", "c"].contains(&k.as_str()))
+        );
+    };
+    let m = fixture("qwen2-Q4_0.gguf");
+    let mut finished = 0;
+    for seed in 0..6 {
+        let seed = seed.to_string();
+        let o = llamay(&[
+            "run",
+            m.to_str().unwrap(),
+            "-p",
+            "x",
+            "--temp",
+            "1",
+            "--seed",
+            &seed,
+            "-n",
+            "150",
+            "--json-schema",
+            schema,
+        ]);
+        let out = ok_stdout(&o);
+        let err = String::from_utf8_lossy(&o.stderr);
+        if err.contains("stop: end of generation") || err.contains("stop: grammar complete") {
+            check(&out);
+            finished += 1;
+        }
+    }
+    assert!(finished >= 3, "{finished} of 6 runs finished");
+    if let Some(gemma) =
+        llamay_synth::reference::path("LLAMAY_GEMMA", "LLAMAY_GEMMA=$(scripts/fetch-models)")
+    {
+        let o = llamay(&[
+            "run",
+            gemma.to_str().unwrap(),
+            "-p",
+            "A JSON record:\n",
+            "--temp",
+            "0",
+            "-n",
+            "200",
+            "--json-schema",
+            schema,
+        ]);
+        check(&ok_stdout(&o));
+    }
+    let m = m.to_str().unwrap();
+    let bad = temp_file("bad.gbnf", "root ::= \"a\" | missing\n");
+    assert_error(
+        &llamay(&["run", m, "-p", "x", "--grammar", bad.to_str().unwrap()]),
+        "'missing' is used but never defined",
+    );
+    let pat = temp_file(
+        "pattern.json",
+        "{\"type\": \"string\", \"pattern\": \"^a\"}",
+    );
+    assert_error(
+        &llamay(&["run", m, "-p", "x", "--json-schema", pat.to_str().unwrap()]),
+        "`pattern`",
+    );
+    let o = llamay(&[
+        "run",
+        m,
+        "-p",
+        "x",
+        "--json",
+        "--grammar",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "--json and --grammar conflict");
+}

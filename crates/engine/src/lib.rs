@@ -12,6 +12,7 @@ mod batch;
 pub mod config;
 mod context;
 mod forward;
+pub mod grammar;
 pub mod kv;
 mod ops;
 pub mod rope;

@@ -71,6 +71,10 @@ impl SamplerParams {
 }
 
 /// A seeded sampler (xorshift64*: small, deterministic across platforms).
+/// How many of the best tokens a rejected draw checks one by one before masking the
+/// whole vocabulary (`Sampler::sample_constrained`).
+pub const SCAN: usize = 4096;
+
 pub struct Sampler {
     params: SamplerParams,
     state: u64,
@@ -95,33 +99,102 @@ impl Sampler {
         (r >> 40) as f32 / (1u64 << 24) as f32
     }
 
+    /// As [`Sampler::sample`], under a grammar: the drawn token is kept if the grammar
+    /// takes it (the rejection rule: a draw from the unconstrained distribution kept
+    /// when allowed, else a draw from the masked one, is distributed as the masked
+    /// distribution; at temperature 0 it is the masked argmax). On a rejection the
+    /// masked chain needs only the `top_k` best allowed tokens (1 when greedy): they
+    /// are looked for in descending logit order, a token check each, and only if they
+    /// are not among the best [`SCAN`] is the whole vocabulary masked. `None` when the
+    /// grammar takes no token at all.
+    pub fn sample_constrained(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        constraint: &crate::grammar::Constraint,
+    ) -> Option<u32> {
+        let id = self.sample(logits, history);
+        if constraint.accepts(id) {
+            return Some(id);
+        }
+        let logits = self.penalised(logits, history);
+        let want = if self.params.temperature == 0.0 {
+            1
+        } else {
+            self.params.top_k
+        };
+        let mut masked = vec![f32::NEG_INFINITY; logits.len()];
+        let mut found = 0;
+        if want > 0 {
+            let mut order: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            let by_rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+            if order.len() > SCAN {
+                order.select_nth_unstable_by(SCAN, by_rank);
+                order.truncate(SCAN);
+            }
+            order.sort_unstable_by(by_rank);
+            for &(t, l) in &order {
+                if constraint.accepts(t) {
+                    masked[t as usize] = l;
+                    found += 1;
+                    if found == want {
+                        break;
+                    }
+                }
+            }
+        }
+        if found < want || want == 0 {
+            let allowed = constraint.allowed();
+            if !allowed.iter().any(|&a| a) {
+                return None;
+            }
+            for ((m, &l), &a) in masked.iter_mut().zip(logits.iter()).zip(&allowed) {
+                *m = if a { l } else { f32::NEG_INFINITY };
+            }
+        }
+        // The penalties are in `masked` already.
+        let id = self.sample(&masked, &[]);
+        constraint.accepts(id).then_some(id)
+    }
+
+    /// `logits` with the repetition, presence and frequency penalties applied.
+    fn penalised<'l>(&self, logits: &'l [f32], history: &[u32]) -> std::borrow::Cow<'l, [f32]> {
+        let p = &self.params;
+        let penalised =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if !penalised || history.is_empty() {
+            return std::borrow::Cow::Borrowed(logits);
+        }
+        let mut out = logits.to_vec();
+        let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
+        let mut counts = std::collections::HashMap::new();
+        for &t in recent {
+            *counts.entry(t).or_insert(0u32) += 1;
+        }
+        for (&t, &c) in &counts {
+            if let Some(l) = out.get_mut(t as usize) {
+                *l = if *l <= 0.0 {
+                    *l * p.repeat_penalty
+                } else {
+                    *l / p.repeat_penalty
+                };
+                *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
     /// Picks the next token from `logits`, given the tokens generated so far (for the
     /// penalties). Non-finite logits are never chosen while a finite one exists.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let logits = self.penalised(logits, history);
+        let logits: &[f32] = &logits;
         let p = &self.params;
-        let mut logits_owned;
-        let mut logits = logits;
-        let penalised =
-            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
-        if penalised && !history.is_empty() {
-            logits_owned = logits.to_vec();
-            let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
-            let mut counts = std::collections::HashMap::new();
-            for &t in recent {
-                *counts.entry(t).or_insert(0u32) += 1;
-            }
-            for (&t, &c) in &counts {
-                if let Some(l) = logits_owned.get_mut(t as usize) {
-                    *l = if *l <= 0.0 {
-                        *l * p.repeat_penalty
-                    } else {
-                        *l / p.repeat_penalty
-                    };
-                    *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
-                }
-            }
-            logits = &logits_owned;
-        }
         if p.temperature == 0.0 {
             return argmax(logits);
         }
@@ -137,10 +210,15 @@ impl Sampler {
         if c.is_empty() {
             return argmax(logits);
         }
-        c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
+        // Descending logit, ties by id: a total order, so selecting the top k first and
+        // sorting only those gives the same list as sorting everything (a full sort
+        // of a 262k vocabulary per token costs more than Gemma's forward pass).
+        let by_rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && c.len() > p.top_k {
+            c.select_nth_unstable_by(p.top_k, by_rank);
             c.truncate(p.top_k);
         }
+        c.sort_unstable_by(by_rank);
         // Softmax over the survivors (at temperature 1, as llama.cpp's top-p/min-p see it).
         let probs = |c: &[(u32, f32)], temp: f32| -> Vec<f32> {
             let max = c[0].1;

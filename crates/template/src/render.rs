@@ -192,7 +192,8 @@ fn rewrite_generation_blocks(src: &str) -> String {
     while let Some(i) = rest.find("{%") {
         out.push_str(&rest[..i]);
         let tag = &rest[i..];
-        let Some(end) = tag.find("%}") else {
+        // The closing `%}` after the opening `{%` (in `{%}` they overlap).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return out;
         };
@@ -381,6 +382,10 @@ mod tests {
             "a {%- if true %}b{% endif -%} c {% if x %}"
         );
         assert_eq!(rewrite_generation_blocks("{{ x }} {%"), "{{ x }} {%");
+        // Found by fuzzing: `{%}` (the close overlapping the open) and friends.
+        for s in ["{%}", "{%%}", "{%-%}", "{%}%}"] {
+            assert_eq!(rewrite_generation_blocks(s), s);
+        }
     }
 
     #[test]

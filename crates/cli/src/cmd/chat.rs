@@ -6,6 +6,7 @@
 
 use crate::ModelArg;
 use crate::chat::{self, ChatFormat};
+use crate::constrain::{Bound, ConstraintArgs};
 use crate::generate::{Flow, Sampling, SamplingArgs, prefill};
 use crate::session;
 use anyhow::{Context as _, bail};
@@ -25,6 +26,8 @@ pub struct Args {
     model: ModelArg,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
     /// Context size (0: the model's training context).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
@@ -238,6 +241,8 @@ struct Session<'c, 'm> {
     sampler: Option<Sampler>,
     limit: usize,
     ignore_eos: bool,
+    /// Each answer is sampled under this grammar (`--json`, ...).
+    grammar: Option<Bound>,
     display: Display,
     turn: usize,
 }
@@ -296,6 +301,7 @@ impl Session<'_, '_> {
             history: ids.clone(),
             limit: self.limit,
             ignore_eos: self.ignore_eos,
+            constraint: self.grammar.as_ref().map(Bound::start),
         };
         let mut out = std::io::stdout().lock();
         INTERRUPTED.store(false, Ordering::SeqCst);
@@ -389,11 +395,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let params = args.sampling.params()?;
     let kv = session::kv(&args.kv)?;
     let kwargs = chat::kwargs(args.chat_template_kwargs.as_deref())?;
+    args.constraint.rules()?;
     let threads = session::threads(args.threads)?;
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let format = chat::require(args.chat_template.as_deref(), gguf.metadata(), &tok)?;
+    let grammar = args.constraint.bind(&tok)?;
     let n_ctx = session::context(args.ctx_size, &model)?;
     let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
     let interactive = std::io::stdin().is_terminal();
@@ -418,6 +426,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         sampler: None,
         limit,
         ignore_eos: args.sampling.ignore_eos,
+        grammar,
         display: Display {
             show_reasoning: args.show_reasoning,
             color: std::io::stdout().is_terminal(),

@@ -2,6 +2,7 @@
 
 use crate::ModelArg;
 use crate::chat;
+use crate::constrain::{Bound, ConstraintArgs};
 use crate::generate::{Flow, Sampling, SamplingArgs, prefill};
 use crate::session;
 use anyhow::{Context, bail};
@@ -26,6 +27,8 @@ pub struct Args {
     file: Option<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
     /// Context size (0: the model's training context).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
@@ -64,12 +67,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         _ => bail!("give a prompt with -p TEXT or -f FILE"),
     };
+    // A bad grammar or schema is refused before the model loads.
+    args.constraint.rules()?;
     let threads = session::threads(args.threads)?;
     let t_load = Instant::now();
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let n_ctx = session::context(args.ctx_size, &model)?;
+    let bound = args.constraint.bind(&tok)?;
     let format = if args.raw {
         None
     } else {
@@ -110,6 +116,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             history: ids.clone(),
             limit,
             ignore_eos: args.sampling.ignore_eos,
+            constraint: bound.as_ref().map(Bound::start),
         },
         load_s,
     )
