@@ -38,15 +38,29 @@ pub struct ModelArg {
 }
 
 impl ModelArg {
-    pub fn path(&self) -> anyhow::Result<&std::path::Path> {
-        match (&self.positional, &self.flag) {
+    /// The model's file: a file that exists, else a reference pulled into the store
+    /// (`LLAMAY_MODELS`), resolved with no network.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        let given = match (&self.positional, &self.flag) {
             (Some(_), Some(_)) => {
                 anyhow::bail!("the model is given twice (positionally and with -m); give it once")
             }
-            (Some(p), None) | (None, Some(p)) => Ok(p),
+            (Some(p), None) | (None, Some(p)) => p,
             (None, None) => {
                 anyhow::bail!("no model given: pass a GGUF file as MODEL or with -m FILE")
             }
+        };
+        if given.exists() {
+            return Ok(given.clone());
+        }
+        let name = given.to_string_lossy();
+        let store = llamay_hub::Store::at(llamay_hub::Store::default_root());
+        match store.model_path(&name) {
+            Ok(p) => Ok(p),
+            Err(llamay_hub::StoreError::NotFound(_)) => anyhow::bail!(
+                "{name}: no such file, and no model pulled under that name (llamay list shows the store; llamay pull {name} fetches it)"
+            ),
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -68,6 +82,13 @@ enum Command {
     Run(cmd::run::Args),
     /// Chat with a model through its chat template; the conversation stays in the cache.
     Chat(cmd::chat::Args),
+    /// Fetch a model into the local store (registry name, hf.co/owner/repo[:quant],
+    /// hf:owner/repo/file.gguf[@rev], or an https URL).
+    Pull(cmd::store::PullArgs),
+    /// The models in the local store.
+    List(cmd::store::ListArgs),
+    /// Remove a model from the local store.
+    Rm(cmd::store::RmArgs),
     /// Print the exact prompt a chat template makes of a conversation.
     Render(cmd::render::Args),
     /// Perplexity of a text file, by llama-perplexity's method.
@@ -96,6 +117,9 @@ fn main() -> ExitCode {
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
         Command::Run(args) => cmd::run::run(&args),
         Command::Render(args) => cmd::render::run(&args),
+        Command::Pull(args) => cmd::store::pull(&args),
+        Command::List(args) => cmd::store::list(&args),
+        Command::Rm(args) => cmd::store::rm(&args),
         Command::Chat(args) => cmd::chat::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),

@@ -264,7 +264,7 @@ fn pick_quant(
             "{} is the first of a split GGUF set, which pull does not fetch yet",
             h.0
         )),
-        Some(h) => Ok(((**h).0.clone(), (**h).1.clone(), (**h).2)),
+        Some(h) => Ok((h.0.clone(), h.1.clone(), h.2)),
         None => Err(format!(
             "no .gguf file for quantisation {quant}; the repository has: {}",
             ggufs
@@ -393,7 +393,15 @@ fn registry_pull(
     let murl = format!("{base}/manifests/{tag}");
     let mut headers = HeaderMap::new();
     headers.insert(ACCEPT, HeaderValue::from_static(MANIFEST_V2));
-    let first = http.send(&murl, http.client.get(&murl).headers(headers.clone()))?;
+    let first = http
+        .send(&murl, http.client.get(&murl).headers(headers.clone()))
+        .map_err(|e| match e {
+            PullError::Http { url, what } if !opts.insecure => PullError::Http {
+                url,
+                what: format!("{what} (a registry that serves plain http needs --insecure)"),
+            },
+            e => e,
+        })?;
     if first.status() == reqwest::StatusCode::UNAUTHORIZED
         && let Some(ch) = first
             .headers()

@@ -135,6 +135,12 @@ impl Store {
         Ok(Store { root })
     }
 
+    /// The store at `root` for reading only: nothing is created (a lookup of a name
+    /// that is not there must not make directories).
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        Store { root: root.into() }
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -244,7 +250,12 @@ impl Store {
     pub fn list(&self) -> Result<Vec<Manifest>, StoreError> {
         let dir = self.root.join("manifests");
         let mut out = Vec::new();
-        for e in std::fs::read_dir(&dir).map_err(io(&dir))? {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io(&dir)(e)),
+        };
+        for e in entries {
             let e = e.map_err(io(&dir))?;
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(stem) = name.strip_suffix(".json") else {

@@ -108,7 +108,7 @@ impl TestResult {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = args.model.path()?;
+    let path = &args.model.path()?;
     let format = match args.output.as_str() {
         "md" => Format::Md,
         "json" => Format::Json,

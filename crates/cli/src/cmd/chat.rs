@@ -390,7 +390,7 @@ fn load(ctx: &mut Context<'_>, conv: &mut Conversation, path: &Path) -> anyhow::
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = args.model.path()?;
+    let path = &args.model.path()?;
     let limit = args.sampling.limit()?;
     let params = args.sampling.params()?;
     let kv = session::kv(&args.kv)?;

@@ -24,7 +24,7 @@ pub struct Args {
 const BLOCKS_PER_STEP: u64 = 4096;
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = args.model.path()?;
+    let path = &args.model.path()?;
     let mapped = MappedModel::open(path)?;
     let model = mapped.parse()?;
     let Some(t) = model.tensor(&args.tensor) else {

@@ -28,7 +28,7 @@ pub struct Args {
 const ARRAY_HEAD: usize = 64;
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = args.model.path()?;
+    let path = &args.model.path()?;
     let mapped = MappedModel::open(path)?;
     let model = mapped.parse()?;
     let verdict = assess(&model);

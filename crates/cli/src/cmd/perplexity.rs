@@ -32,7 +32,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = args.model.path()?;
+    let path = &args.model.path()?;
     let n_ctx = args.ctx_size;
     if !(8..=1 << 20).contains(&n_ctx) {
         bail!(

@@ -40,7 +40,7 @@ fn read_json(flag: &str, path: &Path) -> anyhow::Result<serde_json::Value> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = args.model.path()?;
+    let path = &args.model.path()?;
     let messages = Message::list_from_json(&read_json("--messages", &args.messages)?)
         .with_context(|| format!("--messages {}", args.messages.display()))?;
     let tools = match &args.tools {

@@ -49,7 +49,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = args.model.path()?;
+    let path = &args.model.path()?;
     let limit = args.sampling.limit()?;
     let kv = session::kv(&args.kv)?;
     let params = args.sampling.params()?;

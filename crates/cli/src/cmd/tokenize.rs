@@ -46,7 +46,7 @@ pub struct DetokArgs {
 }
 
 fn load(model: &ModelArg) -> anyhow::Result<Tokenizer> {
-    let path = model.path()?;
+    let path = &model.path()?;
     let mapped = MappedModel::open(path)?;
     let parsed = mapped.parse()?;
     let tok = Tokenizer::from_metadata(parsed.metadata())

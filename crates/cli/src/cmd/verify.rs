@@ -77,7 +77,7 @@ struct Row {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = args.model.path()?;
+    let path = &args.model.path()?;
     let mut measured = Vec::new();
     for name in &args.kv {
         let p = session::kv(name.trim())?;
