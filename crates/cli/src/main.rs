@@ -54,6 +54,16 @@ impl ModelArg {
             return Ok(given.clone());
         }
         let name = given.to_string_lossy();
+        // `model.gguf` or `./x` meant a file; `gemma3:270m` or `hf:o/r/f.gguf` a reference.
+        let looks_like_a_path = name.starts_with(['/', '.', '~'])
+            || match llamay_hub::Reference::parse_name(&name) {
+                Ok(llamay_hub::Reference::Registry { .. }) => name.ends_with(".gguf"),
+                Ok(_) => false,
+                Err(_) => true,
+            };
+        if looks_like_a_path {
+            anyhow::bail!("{name}: No such file or directory");
+        }
         let store = llamay_hub::Store::at(llamay_hub::Store::default_root());
         match store.model_path(&name) {
             Ok(p) => Ok(p),
