@@ -99,6 +99,9 @@ enum Command {
     List(cmd::store::ListArgs),
     /// Remove a model from the local store.
     Rm(cmd::store::RmArgs),
+    /// What a remote GGUF is and whether this build runs it, from its header alone
+    /// (HTTP Range requests, a few MB at most).
+    Validate(cmd::validate::Args),
     /// Print the exact prompt a chat template makes of a conversation.
     Render(cmd::render::Args),
     /// Perplexity of a text file, by llama-perplexity's method.
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
         Command::Pull(args) => cmd::store::pull(&args),
         Command::List(args) => cmd::store::list(&args),
         Command::Rm(args) => cmd::store::rm(&args),
+        Command::Validate(args) => cmd::validate::run(&args),
         Command::Chat(args) => cmd::chat::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),

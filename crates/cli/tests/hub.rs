@@ -620,3 +620,77 @@ fn registry_pull_of_an_ollama_style_manifest() {
     assert!(!store.join("blobs").join(format!("sha256-{hex}")).exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `validate` reads the header of the real Gemma file (262k-token vocabulary: several
+/// MB of metadata) through Range requests, and stays under 8 MB of the file's 242 MB;
+/// its verdict is the engine's. Without Range support it still stops at the bound.
+#[test]
+fn validate_reads_only_the_header() {
+    let Some(gemma) =
+        llamay_synth::reference::path("LLAMAY_GEMMA", "LLAMAY_GEMMA=$(scripts/fetch-models)")
+    else {
+        return;
+    };
+    let dir = tempdir("validate");
+    for sub in ["www/files", "www/norange"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        std::os::unix::fs::symlink(&gemma, dir.join(sub).join("gemma.gguf")).unwrap();
+    }
+    std::fs::write(dir.join("www/files/junk.gguf"), vec![7u8; 4 << 20]).unwrap();
+    let ng = Nginx::start(&dir, &[]);
+    let store = dir.join("store");
+    let url = format!("http://127.0.0.1:{}/files/gemma.gguf", ng.port);
+    let out = ok(&llamay(&store, None, &["validate", &url, "--insecure"]));
+    assert!(
+        out.contains("architecture: gemma3")
+            && out.contains("runs here: yes")
+            && out.contains("Q4_K"),
+        "{out}"
+    );
+    let len = std::fs::metadata(&gemma).unwrap().len();
+    assert!(out.contains(&format!("size: {len} bytes")), "{out}");
+    let sent = ng.bytes_sent("/files/gemma.gguf");
+    assert!(sent > 0 && sent < 8 << 20, "{sent} bytes of {len} sent");
+    // The same verdict as `info` on the local file.
+    let local = ok(&llamay(
+        &store,
+        None,
+        &["validate", gemma.to_str().unwrap()],
+    ));
+    assert_eq!(
+        local
+            .lines()
+            .filter(|l| l.starts_with("runs here") || l.starts_with("tensors"))
+            .collect::<Vec<_>>(),
+        out.lines()
+            .filter(|l| l.starts_with("runs here") || l.starts_with("tensors"))
+            .collect::<Vec<_>>()
+    );
+    // A server without Range: the read stops at the bound (the header fits in it).
+    let out = ok(&llamay(
+        &store,
+        None,
+        &[
+            "validate",
+            &format!("http://127.0.0.1:{}/norange/gemma.gguf", ng.port),
+            "--insecure",
+        ],
+    ));
+    assert!(out.contains("runs here: yes"), "{out}");
+    // Not a GGUF.
+    let e = err(&llamay(
+        &store,
+        None,
+        &[
+            "validate",
+            &format!("http://127.0.0.1:{}/files/junk.gguf", ng.port),
+            "--insecure",
+        ],
+    ));
+    assert!(e.contains("not a GGUF header"), "{e}");
+    assert!(
+        std::fs::read_dir(store.join("blobs")).map_or(0, |d| d.count()) == 0,
+        "validate stores nothing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -65,13 +65,13 @@ impl<'a> Matrix<'a> {
                 t.name, t.ty
             ))
         })? as usize;
-        // The parser sized `data` from the element count; a matrix's rows must cover
-        // exactly those bytes, or a row read would run past them.
-        if row_bytes.checked_mul(rows) != Some(t.data.len()) {
+        // The parser sized the tensor from its element count; a matrix's rows must cover
+        // exactly those bytes, or a row read would run past them. (`data` is that size,
+        // or empty in a header-only parse, which only shape checks see.)
+        if row_bytes.checked_mul(rows) != usize::try_from(t.n_bytes).ok() {
             return Err(LoadError::Shape(format!(
                 "tensor '{}': {} bytes of data for {rows} rows of {row_bytes} bytes",
-                t.name,
-                t.data.len()
+                t.name, t.n_bytes
             )));
         }
         Ok(Matrix {

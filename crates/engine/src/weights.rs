@@ -92,6 +92,12 @@ impl<'a> Binder<'_, 'a> {
 
     fn matrix(&mut self, name: &str, cols: usize, rows: usize) -> Result<Matrix<'a>, LoadError> {
         let t = self.require(name)?.clone();
+        if self.read == ReadData::Yes && t.data.len() as u64 != t.n_bytes {
+            return Err(LoadError::Shape(format!(
+                "tensor '{}': the file's data is not here (a header-only read)",
+                t.name
+            )));
+        }
         Matrix::from_tensor(&t, cols, rows)
     }
 

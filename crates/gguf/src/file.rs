@@ -53,7 +53,16 @@ impl<'a> GgufFile<'a> {
     /// Parses a GGUF file from its bytes. Every declared length, count and offset is
     /// checked; the result borrows `bytes`.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, GgufError> {
-        crate::read::parse(bytes)
+        crate::read::parse(bytes, None)
+    }
+
+    /// Parses the header of a `file_len`-byte file from its first bytes (`validate`
+    /// reads a remote file's header through HTTP Range requests): metadata and tensor
+    /// table checked as by [`GgufFile::parse`], tensor extents against `file_len`;
+    /// every tensor's `data` is empty. A prefix too short for the header is an error
+    /// whose kind is `Truncated`.
+    pub fn parse_header(prefix: &'a [u8], file_len: u64) -> Result<Self, GgufError> {
+        crate::read::parse(prefix, Some(file_len))
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo<'a>> {

@@ -191,7 +191,11 @@ fn align_up(x: u64, alignment: u64) -> Option<u64> {
 }
 
 /// Parses a whole GGUF file held in memory (normally a memory map).
-pub(crate) fn parse(buf: &[u8]) -> Result<GgufFile<'_>, GgufError> {
+/// Parses `buf`. `declared_len`: `None` for a whole file (every tensor's data must lie
+/// in `buf` and is borrowed from it); `Some(n)` for the first bytes of an `n`-byte file
+/// (the header must lie in `buf`; tensor extents are checked against `n` and their
+/// `data` is left empty).
+pub(crate) fn parse(buf: &[u8], declared_len: Option<u64>) -> Result<GgufFile<'_>, GgufError> {
     let mut c = Cursor {
         buf,
         pos: 0,
@@ -398,14 +402,18 @@ pub(crate) fn parse(buf: &[u8]) -> Result<GgufFile<'_>, GgufError> {
 
     // The data section starts at the aligned end of the tensor infos. A file with no
     // tensors (a vocabulary-only file) may end right after its metadata.
-    let file_len = buf.len() as u64;
+    let file_len = declared_len.unwrap_or(buf.len() as u64);
     let data_offset = align_up(c.pos as u64, alignment).unwrap_or(u64::MAX);
     for t in &mut tensors {
         let range = data_offset
             .checked_add(t.offset)
             .and_then(|start| start.checked_add(t.n_bytes).map(|end| (start, end)));
         match range {
-            Some((start, end)) if end <= file_len => t.data = &buf[start as usize..end as usize],
+            Some((start, end)) if end <= file_len => {
+                if declared_len.is_none() {
+                    t.data = &buf[start as usize..end as usize];
+                }
+            }
             _ => {
                 return Err(GgufError {
                     offset: t.info_offset,

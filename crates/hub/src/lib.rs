@@ -8,8 +8,10 @@ mod fetch;
 mod pull;
 mod reference;
 mod store;
+mod validate;
 
 pub use fetch::{Progress, PullError};
 pub use pull::{PullOptions, pull};
 pub use reference::{DEFAULT_QUANT, RefError, Reference, check_digest};
 pub use store::{Layer, MODEL_LAYER, Manifest, Store, StoreError};
+pub use validate::{MAX_HEADER_READ, RemoteHeader, remote_header};

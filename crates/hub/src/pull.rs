@@ -136,7 +136,7 @@ pub fn pull(
             namespace,
             name,
             tag,
-        } => registry_pull(store, opts, host, namespace, name, tag, progress)?,
+        } => registry_pull(store, opts, (host, namespace, name, tag), progress)?,
     };
     check_gguf(store, &layers)?;
     let m = Manifest {
@@ -377,17 +377,13 @@ fn bearer_token(http: &Http, registry: &str, challenge: &str) -> Result<String, 
         .ok_or_else(|| PullError::Invalid(format!("{realm}: no token in the answer")))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn registry_pull(
-    store: &Store,
+/// A registry model's manifest: the blob URL base, the headers (a bearer token when
+/// the registry asked for one) and the layers llamay keeps, every digest checked.
+fn registry_manifest(
+    http: &Http,
     opts: &PullOptions,
-    host: &str,
-    namespace: &str,
-    name: &str,
-    tag: &str,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<Vec<Layer>, PullError> {
-    let http = Http::new(opts.insecure)?;
+    (host, namespace, name, tag): (&str, &str, &str, &str),
+) -> Result<(String, HeaderMap, Vec<Layer>), PullError> {
     let scheme = if opts.insecure { "http" } else { "https" };
     let base = format!("{scheme}://{host}/v2/{namespace}/{name}");
     let murl = format!("{base}/manifests/{tag}");
@@ -408,7 +404,7 @@ fn registry_pull(
             .get(WWW_AUTHENTICATE)
             .and_then(|v| v.to_str().ok())
     {
-        let token = bearer_token(&http, host, ch)?;
+        let token = bearer_token(http, host, ch)?;
         if let Some(v) = bearer(&token) {
             headers.insert(AUTHORIZATION, v);
         }
@@ -443,6 +439,17 @@ fn registry_pull(
             "{murl}: the manifest has no {MODEL_LAYER} layer"
         )));
     }
+    Ok((base, headers, wanted))
+}
+
+fn registry_pull(
+    store: &Store,
+    opts: &PullOptions,
+    at: (&str, &str, &str, &str),
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<Layer>, PullError> {
+    let http = Http::new(opts.insecure)?;
+    let (base, headers, wanted) = registry_manifest(&http, opts, at)?;
     let mut out = Vec::new();
     for l in wanted {
         let hex = check_digest(&l.digest)
@@ -464,6 +471,60 @@ fn registry_pull(
         });
     }
     Ok(out)
+}
+
+/// Where a reference's GGUF is served: the client, the URL and the headers to send.
+pub(crate) fn locate(
+    given: &str,
+    opts: &PullOptions,
+) -> Result<(Http, String, HeaderMap), PullError> {
+    let reference = Reference::parse_name(given).map_err(|e| PullError::Invalid(e.to_string()))?;
+    match &reference {
+        Reference::Path(_) => Err(PullError::Invalid(format!(
+            "{given}: a local file (llamay info reads it)"
+        ))),
+        Reference::Url(url) => Ok((Http::new(opts.insecure)?, url.clone(), HeaderMap::new())),
+        Reference::HfRepo { owner, repo, quant } => {
+            let (http, ep, auth) = hf_client(opts)?;
+            let files = hf_files(&http, &ep, &auth, owner, repo, "main")?;
+            let (path, _, _) = pick_quant(&files, quant)
+                .map_err(|what| PullError::Invalid(format!("{given}: {what}")))?;
+            Ok((
+                http,
+                format!("{ep}/{owner}/{repo}/resolve/main/{path}"),
+                auth,
+            ))
+        }
+        Reference::HfFile {
+            owner,
+            repo,
+            file,
+            revision,
+        } => {
+            let (http, ep, auth) = hf_client(opts)?;
+            let rev = revision.as_deref().unwrap_or("main");
+            Ok((
+                http,
+                format!("{ep}/{owner}/{repo}/resolve/{rev}/{file}"),
+                auth,
+            ))
+        }
+        Reference::Registry {
+            host,
+            namespace,
+            name,
+            tag,
+        } => {
+            let http = Http::new(opts.insecure)?;
+            let (base, headers, layers) =
+                registry_manifest(&http, opts, (host, namespace, name, tag))?;
+            let model = layers
+                .iter()
+                .find(|l| l.media_type == MODEL_LAYER)
+                .expect("checked above");
+            Ok((http, format!("{base}/blobs/{}", model.digest), headers))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,5 +9,6 @@ pub mod render;
 pub mod run;
 pub mod store;
 pub mod tokenize;
+pub mod validate;
 pub mod verify;
 pub mod version;
