@@ -399,6 +399,54 @@ fn a_killed_pull_resumes_and_a_200_to_a_range_starts_over() {
     );
     assert!(partials(&store).is_empty());
 
+    // Parallel parts (the threshold lowered from 64 MB for the test): four Range
+    // requests at once, killed, then resumed part by part.
+    ok(&llamay(&store, None, &["rm", &url]));
+    let before = ng.bytes_sent("/slow/big.gguf");
+    let parallel = |kill_after: Option<u64>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_llamay"));
+        c.args(["pull", &url, "--insecure"])
+            .env("LLAMAY_MODELS", &store)
+            .env("LLAMAY_PULL_PARALLEL_MIN", "1048576")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match kill_after {
+            Some(ms) => {
+                let mut child = c.spawn().unwrap();
+                std::thread::sleep(Duration::from_millis(ms));
+                child.kill().unwrap();
+                child.wait().unwrap();
+                None
+            }
+            None => Some(c.output().unwrap()),
+        }
+    };
+    parallel(Some(900));
+    assert!(listed(&store).is_empty());
+    let out = ok(&parallel(None).unwrap());
+    assert!(out.contains(&sha(&big)), "{out}");
+    let sent = ng.bytes_sent("/slow/big.gguf") - before;
+    assert!(
+        (sent as f64) < 1.3 * big.len() as f64,
+        "{sent} bytes sent for {}",
+        big.len()
+    );
+    let part_size = (big.len() as u64).div_ceil(4);
+    for i in 1..4u64 {
+        assert!(
+            ng.log().contains(&format!("\"bytes={}-", i * part_size)),
+            "part {i} requested: {}",
+            ng.log()
+        );
+    }
+    assert!(
+        std::fs::read_dir(store.join("partial")).unwrap().all(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            n.ends_with(".lock")
+        }),
+        "no part files left"
+    );
+
     // A server that answers a Range with 200: the partial is thrown away, the file
     // taken whole, and still verified.
     let url2 = format!("http://127.0.0.1:{}/norange/big.gguf", ng.port);

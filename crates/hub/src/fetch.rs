@@ -151,25 +151,20 @@ impl Http {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<(String, u64), PullError> {
         let what = expected.map_or_else(|| url.to_string(), |e| format!("sha256:{e}"));
-        if let Some(e) = expected {
-            let digest = format!("sha256:{e}");
-            let p = store.blob_path(&digest)?;
-            if p.is_file() {
-                let size = std::fs::metadata(&p)
-                    .map_err(|source| PullError::Io {
-                        path: p.clone(),
-                        source,
-                    })?
-                    .len();
-                progress(Progress {
-                    what,
-                    done: size,
-                    total: Some(size),
-                });
-                return Ok((digest, size));
-            }
+        if let Some(done) = have_blob(store, expected, &what, progress)? {
+            return Ok(done);
         }
         let _lock = store.lock(key)?;
+        // Another pull may have finished this blob while we waited for the lock.
+        if let Some(done) = have_blob(store, expected, &what, progress)? {
+            return Ok(done);
+        }
+        if let Some(total) = self.ranged_size(url, headers)
+            && total >= parallel_min()
+            && !store.partial_path(key).exists()
+        {
+            return self.download_parts(store, url, headers, expected, key, total, &what, progress);
+        }
         let partial = store.partial_path(key);
         let ioerr = |source| PullError::Io {
             path: partial.clone(),
@@ -322,6 +317,311 @@ impl Http {
             url: url.into(),
             what: "failed".into(),
         }))
+    }
+}
+
+/// Files at least this large are fetched as [`PARTS`] parallel Range parts
+/// (`LLAMAY_PULL_PARALLEL_MIN` overrides it, for tests).
+pub const PARALLEL_MIN: u64 = 64 << 20;
+pub const PARTS: u64 = 4;
+
+fn parallel_min() -> u64 {
+    std::env::var("LLAMAY_PULL_PARALLEL_MIN")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(PARALLEL_MIN)
+}
+
+/// `Some((digest, size))` when the expected blob is already in the store.
+fn have_blob(
+    store: &Store,
+    expected: Option<&str>,
+    what: &str,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Option<(String, u64)>, PullError> {
+    let Some(e) = expected else { return Ok(None) };
+    let digest = format!("sha256:{e}");
+    let p = store.blob_path(&digest)?;
+    if !p.is_file() {
+        return Ok(None);
+    }
+    let size = std::fs::metadata(&p)
+        .map_err(|source| PullError::Io {
+            path: p.clone(),
+            source,
+        })?
+        .len();
+    progress(Progress {
+        what: what.into(),
+        done: size,
+        total: Some(size),
+    });
+    Ok(Some((digest, size)))
+}
+
+/// Where each part stands, kept beside the partial file so a later pull resumes the
+/// parts: one line `total parts`, then one `start end done` per part.
+fn read_parts(path: &std::path::Path, total: u64) -> Option<Vec<(u64, u64, u64)>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut lines = text.lines();
+    let head: Vec<u64> = lines
+        .next()?
+        .split(' ')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    if head != [total, PARTS] {
+        return None;
+    }
+    let parts: Vec<(u64, u64, u64)> = lines
+        .map(|l| {
+            let v: Vec<u64> = l
+                .split(' ')
+                .map(|x| x.parse().ok())
+                .collect::<Option<_>>()?;
+            (v.len() == 3 && v[0] <= v[2] && v[2] <= v[1] && v[1] <= total)
+                .then(|| (v[0], v[1], v[2]))
+        })
+        .collect::<Option<_>>()?;
+    (parts.len() as u64 == PARTS).then_some(parts)
+}
+
+fn write_parts(
+    path: &std::path::Path,
+    total: u64,
+    parts: &[(u64, u64, u64)],
+) -> std::io::Result<()> {
+    let mut text = format!("{total} {PARTS}\n");
+    for (a, b, d) in parts {
+        text.push_str(&format!("{a} {b} {d}\n"));
+    }
+    let tmp = path.with_extension("parts.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+impl Http {
+    /// The file's size if the server answers a one-byte Range with a 206 (so parts can
+    /// be fetched in parallel); `None` otherwise.
+    fn ranged_size(&self, url: &str, headers: &HeaderMap) -> Option<u64> {
+        let r = self
+            .send(
+                url,
+                self.client
+                    .get(url)
+                    .headers(headers.clone())
+                    .header(reqwest::header::RANGE, "bytes=0-0"),
+            )
+            .ok()?;
+        if r.status() != reqwest::StatusCode::PARTIAL_CONTENT {
+            return None;
+        }
+        let cr = r
+            .headers()
+            .get(reqwest::header::CONTENT_RANGE)?
+            .to_str()
+            .ok()?;
+        cr.strip_prefix("bytes 0-0/")?.parse().ok()
+    }
+
+    /// The parallel download: [`PARTS`] Range requests write their slices of one
+    /// pre-sized partial file; their progress is kept in `<key>.parts` (a killed pull
+    /// resumes each part); the whole file is hashed and checked before the commit.
+    #[allow(clippy::too_many_arguments)]
+    fn download_parts(
+        &self,
+        store: &Store,
+        url: &str,
+        headers: &HeaderMap,
+        expected: Option<&str>,
+        key: &str,
+        total: u64,
+        what: &str,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<(String, u64), PullError> {
+        use std::os::unix::fs::FileExt;
+        use std::sync::Mutex;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let partial = store.partial_path(key).with_extension("parallel");
+        let sidecar = store.partial_path(key).with_extension("parts");
+        let ioerr = |p: &std::path::Path| {
+            let p = p.to_path_buf();
+            move |source| PullError::Io { path: p, source }
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&partial)
+            .map_err(ioerr(&partial))?;
+        let parts = match read_parts(&sidecar, total) {
+            Some(p) if file.metadata().map_err(ioerr(&partial))?.len() == total => p,
+            _ => {
+                file.set_len(total).map_err(ioerr(&partial))?;
+                let size = total.div_ceil(PARTS);
+                let p: Vec<(u64, u64, u64)> = (0..PARTS)
+                    .map(|i| {
+                        (
+                            (i * size).min(total),
+                            ((i + 1) * size).min(total),
+                            (i * size).min(total),
+                        )
+                    })
+                    .collect();
+                write_parts(&sidecar, total, &p).map_err(ioerr(&sidecar))?;
+                p
+            }
+        };
+        let done: Vec<AtomicU64> = parts.iter().map(|p| AtomicU64::new(p.2)).collect();
+        let saving = Mutex::new(());
+        let save = |done: &[AtomicU64]| {
+            let _g = saving.lock().unwrap_or_else(|e| e.into_inner());
+            let now: Vec<(u64, u64, u64)> = parts
+                .iter()
+                .zip(done)
+                .map(|(p, d)| (p.0, p.1, d.load(Ordering::SeqCst)))
+                .collect();
+            let _ = write_parts(&sidecar, total, &now);
+        };
+        let errors: Mutex<Vec<PullError>> = Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for (i, &(_, end, _)) in parts.iter().enumerate() {
+                let (done, file, errors, save) = (&done, &file, &errors, &save);
+                handles.push(scope.spawn(move || {
+                    let mut last = None;
+                    for attempt in 0..ATTEMPTS {
+                        let from = done[i].load(Ordering::SeqCst);
+                        if from >= end {
+                            return;
+                        }
+                        if attempt > 0 {
+                            std::thread::sleep(Duration::from_millis(250 << attempt));
+                        }
+                        let req = self
+                            .client
+                            .get(url)
+                            .headers(headers.clone())
+                            .header(reqwest::header::RANGE, format!("bytes={from}-{}", end - 1));
+                        let mut r = match self.send(url, req) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                last = Some(e);
+                                continue;
+                            }
+                        };
+                        let starts_right = r
+                            .headers()
+                            .get(reqwest::header::CONTENT_RANGE)
+                            .and_then(|v| v.to_str().ok())
+                            .is_some_and(|v| v.starts_with(&format!("bytes {from}-")));
+                        if r.status() != reqwest::StatusCode::PARTIAL_CONTENT || !starts_right {
+                            last = Some(PullError::Http {
+                                url: url.into(),
+                                what: format!("part {i}: HTTP {} to a Range request", r.status()),
+                            });
+                            break;
+                        }
+                        let mut buf = vec![0u8; 1 << 16];
+                        let mut at = from;
+                        let mut saved = std::time::Instant::now();
+                        loop {
+                            let want = ((end - at) as usize).min(buf.len());
+                            if want == 0 {
+                                break;
+                            }
+                            match r.read(&mut buf[..want]) {
+                                Ok(0) => break,
+                                Ok(n) => {
+                                    if let Err(e) = file.write_at(&buf[..n], at) {
+                                        last = Some(PullError::Io {
+                                            path: PathBuf::from(url),
+                                            source: e,
+                                        });
+                                        break;
+                                    }
+                                    at += n as u64;
+                                    done[i].store(at, Ordering::SeqCst);
+                                    // Recorded often: a kill loses at most ~100 ms of a part.
+                                    if saved.elapsed() >= Duration::from_millis(100) {
+                                        saved = std::time::Instant::now();
+                                        save(done);
+                                    }
+                                }
+                                Err(e) => {
+                                    last = Some(PullError::Http {
+                                        url: url.into(),
+                                        what: format!("part {i} broke off: {e}"),
+                                    });
+                                    break;
+                                }
+                            }
+                        }
+                        save(done);
+                        if at >= end {
+                            return;
+                        }
+                    }
+                    if let Some(e) = last {
+                        errors.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+                    }
+                }));
+            }
+            while handles.iter().any(|h| !h.is_finished()) {
+                let sum: u64 = done
+                    .iter()
+                    .zip(&parts)
+                    .map(|(d, p)| d.load(Ordering::SeqCst) - p.0)
+                    .sum();
+                progress(Progress {
+                    what: what.into(),
+                    done: sum,
+                    total: Some(total),
+                });
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        if let Some(e) = errors
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .next()
+        {
+            // The parts stay for the next pull.
+            return Err(e);
+        }
+        progress(Progress {
+            what: what.into(),
+            done: total,
+            total: Some(total),
+        });
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < total {
+            let n = file.read_at(&mut buf, at).map_err(ioerr(&partial))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        drop(file);
+        let got = format!("{:x}", hasher.finalize());
+        let _ = std::fs::remove_file(&sidecar);
+        if let Some(e) = expected
+            && e != got
+        {
+            let _ = std::fs::remove_file(&partial);
+            return Err(PullError::Mismatch {
+                what: what.into(),
+                expected: e.into(),
+                got,
+            });
+        }
+        let digest = format!("sha256:{got}");
+        store.commit_blob(&partial, &digest)?;
+        Ok((digest, total))
     }
 }
 
