@@ -99,7 +99,7 @@ http {{
       return 302 http://127.0.0.1:{cdn}/$o/$r/$f;
     }}
   }}
-  server {{ listen 127.0.0.1:{cdn}; root {d}/cdn; }}
+  server {{ listen 127.0.0.1:{cdn}; root {d}/cdn; location /slowco/ {{ limit_rate 2m; }} }}
 }}
 "#
         );
@@ -739,6 +739,60 @@ fn validate_reads_only_the_header() {
     assert!(
         std::fs::read_dir(store.join("blobs")).map_or(0, |d| d.count()) == 0,
         "validate stores nothing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two pulls of the same blob at once: one downloads, the other waits on the blob's
+/// lock and finds it done; both succeed, one blob, the bytes sent once.
+#[test]
+fn concurrent_pulls_of_one_blob_download_it_once() {
+    let dir = tempdir("concurrent");
+    let mut big = b"GGUF".to_vec();
+    let mut x = 0x2545f4914f6cdd1du64;
+    while big.len() < 4 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        big.extend_from_slice(&x.to_le_bytes());
+    }
+    let h = sha(&big);
+    std::fs::create_dir_all(dir.join("cdn/slowco/r")).unwrap();
+    std::fs::write(dir.join("cdn/slowco/r/m-Q8_0.gguf"), &big).unwrap();
+    let api = dir.join("www/api/models/slowco/r/tree");
+    std::fs::create_dir_all(&api).unwrap();
+    std::fs::write(
+        api.join("main"),
+        json!([{"type": "file", "path": "m-Q8_0.gguf", "lfs": {"oid": h, "size": big.len()}}])
+            .to_string(),
+    )
+    .unwrap();
+    let ng = Nginx::start(&dir, &[]);
+    let store = dir.join("store");
+    let spawn = |r: &str| {
+        Command::new(env!("CARGO_BIN_EXE_llamay"))
+            .args(["pull", r])
+            .env("LLAMAY_MODELS", &store)
+            .env(
+                "LLAMAY_HF_ENDPOINT",
+                format!("http://127.0.0.1:{}", ng.port),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let a = spawn("hf.co/slowco/r:Q8_0");
+    let b = spawn("hf:slowco/r/m-Q8_0.gguf");
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(ok(&a).contains(&h) && ok(&b).contains(&h));
+    assert_eq!(listed(&store).len(), 2);
+    assert_eq!(std::fs::read_dir(store.join("blobs")).unwrap().count(), 1);
+    let sent = ng.bytes_sent("/slowco/r/m-Q8_0.gguf");
+    assert!(
+        (sent as f64) < 1.3 * big.len() as f64,
+        "{sent} bytes sent for {}",
+        big.len()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
