@@ -91,6 +91,18 @@ http {{
     listen 127.0.0.1:{port};
     root {d}/www;
     location /api/ {{ default_type application/json; }}
+    location /v2/secure/ {{
+      default_type application/json;
+      if ($http_authorization != "Bearer t0ken") {{
+        add_header WWW-Authenticate 'Bearer realm="http://127.0.0.1:{port}/token",service="test",scope="repository:secure/m:pull"' always;
+        return 401;
+      }}
+    }}
+    location /v2/evil/ {{
+      add_header WWW-Authenticate 'Bearer realm="http://localhost:{port}/token",service="test"' always;
+      return 401;
+    }}
+    location = /token {{ default_type application/json; return 200 '{{"token": "t0ken"}}'; }}
     location /v2/ {{ default_type application/json; }}
     location /slow/ {{ limit_rate 1m; }}
     location /norange/ {{ max_ranges 0; }}
@@ -793,6 +805,65 @@ fn concurrent_pulls_of_one_blob_download_it_once() {
         (sent as f64) < 1.3 * big.len() as f64,
         "{sent} bytes sent for {}",
         big.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A registry that answers 401 with a bearer challenge (as registry.ollama.ai does):
+/// the token is fetched from the realm on the registry's own host and sent with the
+/// manifest and blob requests; a realm on another host is refused, no token asked.
+#[test]
+fn bearer_challenge_is_answered_on_the_registry_host_only() {
+    let dir = tempdir("bearer");
+    let model = std::fs::read(fixture("llama-Q4_0.gguf")).unwrap();
+    let h = sha(&model);
+    for repo in ["secure", "evil"] {
+        let base = dir.join(format!("www/v2/{repo}/m"));
+        std::fs::create_dir_all(base.join("manifests")).unwrap();
+        std::fs::create_dir_all(base.join("blobs")).unwrap();
+        let doc = json!({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": format!("sha256:{h}"), "size": model.len()}]});
+        std::fs::write(base.join("manifests/latest"), doc.to_string()).unwrap();
+        std::fs::write(base.join(format!("blobs/sha256:{h}")), &model).unwrap();
+    }
+    let ng = Nginx::start(&dir, &[]);
+    let store = dir.join("store");
+    let out = ok(&llamay(
+        &store,
+        None,
+        &[
+            "pull",
+            &format!("127.0.0.1:{}/secure/m", ng.port),
+            "--insecure",
+        ],
+    ));
+    assert!(out.contains(&h), "{out}");
+    let log = ng.log();
+    assert!(
+        log.contains("GET /v2/secure/m/manifests/latest 401"),
+        "{log}"
+    );
+    assert!(log.contains("GET /token 200"), "{log}");
+    assert!(
+        log.lines().any(|l| l.contains("/v2/secure/m/blobs/")
+            && l.contains(" 200 ")
+            && l.contains("Bearer t0ken")),
+        "{log}"
+    );
+    let e = err(&llamay(
+        &store,
+        None,
+        &[
+            "pull",
+            &format!("127.0.0.1:{}/evil/m", ng.port),
+            "--insecure",
+        ],
+    ));
+    assert!(e.contains("another host"), "{e}");
+    assert_eq!(
+        ng.log().matches("GET /token").count(),
+        1,
+        "no token asked of another realm"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -249,7 +249,10 @@ fn valid(v: &Value, s: &Value, root: &Value) -> bool {
     types.iter().any(|t| match (*t, v) {
         ("null", Value::Null) | ("boolean", Value::Bool(_)) => true,
         ("number", Value::Number(_)) => true,
-        ("integer", Value::Number(n)) => n.is_i64() || n.is_u64(),
+        // JSON Schema's integer is any number with no fraction: `-0` is one.
+        ("integer", Value::Number(n)) => {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
         ("string", Value::String(x)) => {
             let n = x.chars().count() as u64;
             o.get("minLength")
