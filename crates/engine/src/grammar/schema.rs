@@ -12,7 +12,9 @@
 //! kept in order; an object with declared properties gets no others (a valid subset
 //! of what `additionalProperties` allows); whitespace is llama.cpp's `space` rule;
 //! numbers keep to 16 significant digits and a two-digit exponent, so that every one
-//! is a finite double (JSON readers refuse or overflow on `1e2293420473`).
+//! is a finite double (JSON readers refuse or overflow on `1e2293420473`); `\u`
+//! escapes exclude the surrogates D800–DFFF (a lone one is refused by strict readers;
+//! characters past the BMP come as UTF-8).
 
 use super::GrammarError;
 use serde_json::{Map, Value};
@@ -59,7 +61,7 @@ boolean ::= ("true" | "false") space
 null ::= "null" space
 integer ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) space
 number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})? space
-char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
+char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))
 string ::= "\"" char* "\"" space
 value ::= object | array | string | number | boolean | null
 object ::= "{" space ( string ":" space value ("," space string ":" space value)* )? "}" space
