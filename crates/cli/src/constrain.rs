@@ -24,12 +24,11 @@ pub struct ConstraintArgs {
 pub struct Bound {
     rules: Arc<Rules>,
     trie: Arc<TokenTrie>,
-    pieces: Arc<Vec<Vec<u8>>>,
 }
 
 impl Bound {
     pub fn start(&self) -> Constraint {
-        Constraint::new(self.rules.clone(), self.trie.clone(), self.pieces.clone())
+        Constraint::new(self.rules.clone(), self.trie.clone())
     }
 }
 
@@ -80,10 +79,6 @@ impl ConstraintArgs {
             );
         }
         let trie = Arc::new(TokenTrie::new(&pieces, &eog));
-        Ok(Some(Bound {
-            rules,
-            trie,
-            pieces: Arc::new(pieces),
-        }))
+        Ok(Some(Bound { rules, trie }))
     }
 }

@@ -146,7 +146,7 @@ fn constraint(rules: Arc<Rules>) -> (Constraint, u32) {
     let pieces = vocab();
     let eog = pieces.len() as u32 - 1;
     let trie = Arc::new(TokenTrie::new(&pieces, &[eog]));
-    (Constraint::new(rules, trie, Arc::new(pieces)), eog)
+    (Constraint::new(rules, trie), eog)
 }
 
 #[test]
@@ -430,4 +430,33 @@ fn required_and_optional_properties() {
         assert!(accepts(&g, ok), "{ok}");
     }
     assert!(!accepts(&g, "{, \"b\": 2}"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The flat trie (built from sorted pieces, duplicates and shared prefixes
+    /// included) masks exactly what the per-token check allows, in any state.
+    #[test]
+    fn the_flat_trie_equals_the_per_token_check(
+        pieces in prop::collection::vec(prop::collection::vec(prop::sample::select(b"{}\":, a1\xc3\xa9[]".to_vec()), 0..5), 1..120),
+        steps in prop::collection::vec(any::<u8>(), 0..12),
+    ) {
+        let mut pieces = pieces;
+        pieces.push(b"</s>".to_vec());
+        let eog = pieces.len() as u32 - 1;
+        let trie = Arc::new(TokenTrie::new(&pieces, &[eog]));
+        let mut c = Constraint::new(Rules::json(), trie);
+        for s in steps {
+            let mask = c.allowed();
+            for (id, &a) in mask.iter().enumerate() {
+                prop_assert_eq!(a, c.accepts(id as u32), "token {} {:?}", id, pieces[id]);
+            }
+            let ok: Vec<u32> = (0..eog).filter(|&t| mask[t as usize]).collect();
+            if ok.is_empty() {
+                break;
+            }
+            prop_assert!(c.accept(ok[s as usize % ok.len()]));
+        }
+    }
 }
