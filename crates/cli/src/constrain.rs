@@ -57,12 +57,11 @@ impl ConstraintArgs {
         }
         Ok(None)
     }
+}
 
-    /// The grammar bound to `tok`'s vocabulary, or `None` without a flag.
-    pub fn bind(&self, tok: &Tokenizer) -> anyhow::Result<Option<Bound>> {
-        let Some(rules) = self.rules()? else {
-            return Ok(None);
-        };
+impl Bound {
+    /// `rules` bound to `tok`'s vocabulary.
+    pub fn new(rules: Arc<Rules>, tok: &Tokenizer) -> anyhow::Result<Self> {
         let n = tok.n_vocab() as u32;
         let mut pieces = Vec::with_capacity(n as usize);
         let mut eog = Vec::new();
@@ -79,6 +78,6 @@ impl ConstraintArgs {
             );
         }
         let trie = Arc::new(TokenTrie::new(&pieces, &eog));
-        Ok(Some(Bound { rules, trie }))
+        Ok(Bound { rules, trie })
     }
 }

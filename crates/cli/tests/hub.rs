@@ -50,6 +50,20 @@ fn tempdir(tag: &str) -> PathBuf {
     d
 }
 
+/// About `len` bytes: the GGUF magic, then xorshift bytes (random, so identical pages
+/// are not merged and nothing compresses).
+fn random_gguf(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    let mut x = seed;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
 fn sha(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))
 }
@@ -366,15 +380,7 @@ fn hugging_face_and_url_pulls_resolve_offline_and_share_blobs() {
 #[test]
 fn a_killed_pull_resumes_and_a_200_to_a_range_starts_over() {
     let dir = tempdir("resume");
-    // 6 MB: the GGUF magic, then random bytes (identical pages would be merged).
-    let mut big = b"GGUF".to_vec();
-    let mut x = 0x9e3779b97f4a7c15u64;
-    while big.len() < 6 << 20 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        big.extend_from_slice(&x.to_le_bytes());
-    }
+    let big = random_gguf(6 << 20, 0x9e3779b97f4a7c15);
     for sub in ["www/slow", "www/norange"] {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
         std::fs::write(dir.join(sub).join("big.gguf"), &big).unwrap();
@@ -760,14 +766,7 @@ fn validate_reads_only_the_header() {
 #[test]
 fn concurrent_pulls_of_one_blob_download_it_once() {
     let dir = tempdir("concurrent");
-    let mut big = b"GGUF".to_vec();
-    let mut x = 0x2545f4914f6cdd1du64;
-    while big.len() < 4 << 20 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        big.extend_from_slice(&x.to_le_bytes());
-    }
+    let big = random_gguf(4 << 20, 0x2545f4914f6cdd1d);
     let h = sha(&big);
     std::fs::create_dir_all(dir.join("cdn/slowco/r")).unwrap();
     std::fs::write(dir.join("cdn/slowco/r/m-Q8_0.gguf"), &big).unwrap();

@@ -86,10 +86,7 @@ pub fn pull(
         }
         Reference::HfRepo { owner, repo, quant } => {
             let (http, ep, auth) = hf_client(opts)?;
-            let files = hf_files(&http, &ep, &auth, owner, repo, "main")?;
-            let (path, sha, _) = pick_quant(&files, quant)
-                .map_err(|what| PullError::Invalid(format!("{given}: {what}")))?;
-            let url = format!("{ep}/{owner}/{repo}/resolve/main/{path}");
+            let (url, sha) = hf_quant_file(&http, &ep, &auth, (owner, repo, quant), given)?;
             vec![hf_download(
                 store,
                 &http,
@@ -107,7 +104,7 @@ pub fn pull(
         } => {
             let (http, ep, auth) = hf_client(opts)?;
             let rev = revision.as_deref().unwrap_or("main");
-            let url = format!("{ep}/{owner}/{repo}/resolve/{rev}/{file}");
+            let url = hf_resolve(&ep, owner, repo, rev, file);
             let sha = match linked_etag(&http, &url, &auth)? {
                 Some(s) => Some(s),
                 None => {
@@ -274,6 +271,25 @@ fn pick_quant(
                 .join(", ")
         )),
     }
+}
+
+/// A file's download URL on the hub.
+fn hf_resolve(ep: &str, owner: &str, repo: &str, rev: &str, file: &str) -> String {
+    format!("{ep}/{owner}/{repo}/resolve/{rev}/{file}")
+}
+
+/// `hf.co/owner/repo:quant`: the picked file's URL and its LFS sha256 when listed.
+fn hf_quant_file(
+    http: &Http,
+    ep: &str,
+    auth: &HeaderMap,
+    (owner, repo, quant): (&str, &str, &str),
+    given: &str,
+) -> Result<(String, Option<String>), PullError> {
+    let files = hf_files(http, ep, auth, owner, repo, "main")?;
+    let (path, sha, _) =
+        pick_quant(&files, quant).map_err(|what| PullError::Invalid(format!("{given}: {what}")))?;
+    Ok((hf_resolve(ep, owner, repo, "main", &path), sha))
 }
 
 /// Hugging Face's `X-Linked-Etag` (the LFS object's sha256) from a HEAD that does not
@@ -486,14 +502,8 @@ pub(crate) fn locate(
         Reference::Url(url) => Ok((Http::new(opts.insecure)?, url.clone(), HeaderMap::new())),
         Reference::HfRepo { owner, repo, quant } => {
             let (http, ep, auth) = hf_client(opts)?;
-            let files = hf_files(&http, &ep, &auth, owner, repo, "main")?;
-            let (path, _, _) = pick_quant(&files, quant)
-                .map_err(|what| PullError::Invalid(format!("{given}: {what}")))?;
-            Ok((
-                http,
-                format!("{ep}/{owner}/{repo}/resolve/main/{path}"),
-                auth,
-            ))
+            let (url, _) = hf_quant_file(&http, &ep, &auth, (owner, repo, quant), given)?;
+            Ok((http, url, auth))
         }
         Reference::HfFile {
             owner,
@@ -503,11 +513,7 @@ pub(crate) fn locate(
         } => {
             let (http, ep, auth) = hf_client(opts)?;
             let rev = revision.as_deref().unwrap_or("main");
-            Ok((
-                http,
-                format!("{ep}/{owner}/{repo}/resolve/{rev}/{file}"),
-                auth,
-            ))
+            Ok((http, hf_resolve(&ep, owner, repo, rev, file), auth))
         }
         Reference::Registry {
             host,

@@ -162,57 +162,28 @@ impl Message {
     /// The message in OpenAI's wire shape (tool-call arguments as a JSON string,
     /// reasoning as `reasoning_content`); [`Message::from_json`] reads it back equal.
     pub fn to_openai(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("role".into(), self.role.clone().into());
-        m.insert("content".into(), self.content.clone().into());
-        if let Some(r) = &self.reasoning {
-            m.insert("reasoning_content".into(), r.clone().into());
-        }
-        if !self.tool_calls.is_empty() {
-            let calls = self
-                .tool_calls
-                .iter()
-                .map(|c| {
-                    let mut call = Map::new();
-                    if let Some(id) = &c.id {
-                        call.insert("id".into(), id.clone().into());
-                    }
-                    call.insert("type".into(), "function".into());
-                    call.insert(
-                        "function".into(),
-                        serde_json::json!({"name": c.name, "arguments": c.arguments.to_string()}),
-                    );
-                    Value::Object(call)
-                })
-                .collect();
-            m.insert("tool_calls".into(), Value::Array(calls));
-        }
-        if let Some(id) = &self.tool_call_id {
-            m.insert("tool_call_id".into(), id.clone().into());
-        }
-        if let Some(n) = &self.name {
-            m.insert("name".into(), n.clone().into());
-        }
-        Value::Object(m)
+        self.to_map(Shape::Wire)
     }
 
     /// What the template sees: a mapping with only the keys this message has, in a
     /// fixed order (role, content, reasoning_content, thinking, tool_calls,
     /// tool_call_id, name) — the dict transformers would be given.
     pub fn to_template_value(&self) -> Value {
+        self.to_map(Shape::Template)
+    }
+
+    fn to_map(&self, shape: Shape) -> Value {
         let mut m = Map::new();
         m.insert("role".into(), self.role.clone().into());
         m.insert("content".into(), self.content.clone().into());
         if let Some(r) = &self.reasoning {
             m.insert("reasoning_content".into(), r.clone().into());
-            m.insert("thinking".into(), r.clone().into());
+            if shape == Shape::Template {
+                m.insert("thinking".into(), r.clone().into());
+            }
         }
         if !self.tool_calls.is_empty() {
-            let calls = self
-                .tool_calls
-                .iter()
-                .map(ToolCall::to_template_value)
-                .collect();
+            let calls = self.tool_calls.iter().map(|c| c.to_map(shape)).collect();
             m.insert("tool_calls".into(), Value::Array(calls));
         }
         if let Some(id) = &self.tool_call_id {
@@ -223,6 +194,15 @@ impl Message {
         }
         Value::Object(m)
     }
+}
+
+/// The two forms a message is written in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// OpenAI's wire shape: arguments as a JSON string, reasoning once.
+    Wire,
+    /// What templates are given: arguments as an object, reasoning under both names.
+    Template,
 }
 
 impl ToolCall {
@@ -251,15 +231,19 @@ impl ToolCall {
         })
     }
 
-    fn to_template_value(&self) -> Value {
+    fn to_map(&self, shape: Shape) -> Value {
         let mut m = Map::new();
         if let Some(id) = &self.id {
             m.insert("id".into(), id.clone().into());
         }
         m.insert("type".into(), "function".into());
+        let arguments = match shape {
+            Shape::Wire => Value::String(self.arguments.to_string()),
+            Shape::Template => self.arguments.clone(),
+        };
         let mut f = Map::new();
         f.insert("name".into(), self.name.clone().into());
-        f.insert("arguments".into(), self.arguments.clone());
+        f.insert("arguments".into(), arguments);
         m.insert("function".into(), Value::Object(f));
         Value::Object(m)
     }

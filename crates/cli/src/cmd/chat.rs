@@ -395,13 +395,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let params = args.sampling.params()?;
     let kv = session::kv(&args.kv)?;
     let kwargs = chat::kwargs(args.chat_template_kwargs.as_deref())?;
-    args.constraint.rules()?;
+    let rules = args.constraint.rules()?;
     let threads = session::threads(args.threads)?;
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let format = chat::require(args.chat_template.as_deref(), gguf.metadata(), &tok)?;
-    let grammar = args.constraint.bind(&tok)?;
+    let grammar = rules.map(|r| Bound::new(r, &tok)).transpose()?;
     let n_ctx = session::context(args.ctx_size, &model)?;
     let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
     let interactive = std::io::stdin().is_terminal();

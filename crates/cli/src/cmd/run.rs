@@ -68,14 +68,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         _ => bail!("give a prompt with -p TEXT or -f FILE"),
     };
     // A bad grammar or schema is refused before the model loads.
-    args.constraint.rules()?;
+    let rules = args.constraint.rules()?;
     let threads = session::threads(args.threads)?;
     let t_load = Instant::now();
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
     let n_ctx = session::context(args.ctx_size, &model)?;
-    let bound = args.constraint.bind(&tok)?;
+    let bound = rules.map(|r| Bound::new(r, &tok)).transpose()?;
     let format = if args.raw {
         None
     } else {
