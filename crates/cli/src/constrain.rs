@@ -62,16 +62,7 @@ impl ConstraintArgs {
 impl Bound {
     /// `rules` bound to `tok`'s vocabulary.
     pub fn new(rules: Arc<Rules>, tok: &Tokenizer) -> anyhow::Result<Self> {
-        let n = tok.n_vocab() as u32;
-        let mut pieces = Vec::with_capacity(n as usize);
-        let mut eog = Vec::new();
-        for id in 0..n {
-            // Control tokens render empty: the grammar never allows them.
-            pieces.push(tok.token_to_piece(id, false)?.to_vec());
-            if tok.is_eog(id) {
-                eog.push(id);
-            }
-        }
+        let (pieces, eog) = tok.grammar_vocabulary();
         if eog.is_empty() {
             bail!(
                 "the vocabulary has no end-of-generation token, so a constrained answer could never end"

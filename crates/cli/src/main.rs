@@ -4,7 +4,6 @@
 mod chat;
 mod cmd;
 mod constrain;
-mod ftype;
 mod generate;
 mod out;
 mod runnable;
@@ -102,6 +101,8 @@ enum Command {
     /// What a remote GGUF is and whether this build runs it, from its header alone
     /// (HTTP Range requests, a few MB at most).
     Validate(cmd::validate::Args),
+    /// Serve the Ollama and OpenAI HTTP APIs (continuous batching, prefix reuse).
+    Serve(cmd::serve::Args),
     /// Print the exact prompt a chat template makes of a conversation.
     Render(cmd::render::Args),
     /// Perplexity of a text file, by llama-perplexity's method.
@@ -135,6 +136,7 @@ fn main() -> ExitCode {
         Command::Rm(args) => cmd::store::rm(&args),
         Command::Validate(args) => cmd::validate::run(&args),
         Command::Chat(args) => cmd::chat::run(&args),
+        Command::Serve(args) => cmd::serve::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),

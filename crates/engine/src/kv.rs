@@ -455,6 +455,19 @@ impl KvPool {
         }
     }
 
+    /// Distinct pages `seqs` hold, a page shared between them counted once: what
+    /// running requests occupy, apart from pages only idle (evictable) sequences hold.
+    pub fn pages_held(&self, seqs: &[SeqId]) -> usize {
+        let mut ids: Vec<u32> = seqs
+            .iter()
+            .filter_map(|s| self.seqs.get(&s.0))
+            .flat_map(|s| s.tables.iter().flatten().flatten().copied())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
+
     /// A new empty sequence.
     pub fn new_sequence(&mut self) -> SeqId {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -890,6 +903,23 @@ mod tests {
         let mut d = [0f32; 4];
         p.layer(s, l).values_into(pos, 1, 0, 4, &mut d);
         d
+    }
+
+    #[test]
+    fn pages_held_counts_shared_pages_once() {
+        let mut p = pool(100 * PAGE, None);
+        let a = p.new_sequence();
+        grow(&mut p, a, PAGE + 1, 1.0).unwrap();
+        // Two layers, two pages each.
+        assert_eq!(p.pages_held(&[a]), 4);
+        let b = p.fork(a).unwrap();
+        assert_eq!(p.pages_held(&[a, b]), 4);
+        grow(&mut p, b, 1, 2.0).unwrap();
+        // b's last page was copied on write.
+        assert_eq!(p.pages_held(&[a, b]), 6);
+        assert_eq!(p.pages_held(&[b]), 4);
+        assert_eq!(p.pages_held(&[]), 0);
+        assert_eq!(p.usage().pages_used, 6);
     }
 
     #[test]

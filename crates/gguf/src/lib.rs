@@ -20,6 +20,7 @@ compile_error!(
 
 mod error;
 mod file;
+pub mod ftype;
 pub mod limits;
 mod metadata;
 mod model;
@@ -29,6 +30,7 @@ mod write;
 
 pub use error::{ErrorKind, GgufError, OpenError};
 pub use file::{GgufFile, TensorInfo};
+pub use ftype::file_type_name;
 pub use metadata::{Metadata, MetadataTypeError, describe};
 pub use model::{MappedModel, Model};
 pub use value::{Array, GgufStr, StringIter, Strings, Value, ValueType};

@@ -2,10 +2,12 @@
 //! (`tokenizer.chat_template`) rendered as Hugging Face transformers renders it.
 
 pub mod builtin;
+pub mod format;
 mod message;
 mod output;
 mod render;
 
+pub use format::{ChatFormat, FormatError};
 pub use message::{Message, MessageError, ToolCall};
 pub use output::{Event, OutputFormat, OutputParser, ToolSyntax};
 pub use render::{ChatTemplate, MAX_OUTPUT, RenderOptions, TemplateError, civil_date};

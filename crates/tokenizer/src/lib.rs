@@ -350,6 +350,21 @@ impl Tokenizer {
         decode::detokenize(self, ids, remove_special, unparse_special, clean)
     }
 
+    /// What a grammar is bound to: every token's text as sampled output spells it
+    /// (control tokens empty, so a grammar never allows them) and the
+    /// end-of-generation tokens.
+    pub fn grammar_vocabulary(&self) -> (Vec<Vec<u8>>, Vec<u32>) {
+        let n = self.n_vocab() as u32;
+        let pieces = (0..n)
+            .map(|id| {
+                self.token_to_piece(id, false)
+                    .map_or_else(|_| Vec::new(), <[u8]>::to_vec)
+            })
+            .collect();
+        let eog = (0..n).filter(|&id| self.is_eog(id)).collect();
+        (pieces, eog)
+    }
+
     /// A streaming decoder for this tokenizer (never emits partial UTF-8).
     pub fn stream_decoder(&self) -> StreamDecoder<'_> {
         StreamDecoder::new(self)

@@ -155,7 +155,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .get_u64("general.file_type")
         .ok()
         .flatten()
-        .and_then(crate::ftype::file_type_name)
+        .and_then(llamay_gguf::file_type_name)
         .unwrap_or("unknown type");
     let model_type = format!("{arch} {size_label} {ftype}");
     let kv_name = kv.name();

@@ -5,7 +5,7 @@
 //! not a terminal, each line is a user turn, and the program exits 0 at its end.
 
 use crate::ModelArg;
-use crate::chat::{self, ChatFormat};
+use crate::chat;
 use crate::constrain::{Bound, ConstraintArgs};
 use crate::generate::{Flow, Sampling, SamplingArgs, prefill};
 use crate::session;
@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
 use llamay_engine::{Context, ContextParams, KvError, SeqId};
 use llamay_gguf::MappedModel;
+use llamay_template::format::{self as chat_format, ChatFormat};
 use llamay_template::{Event, Message, OutputParser};
 use llamay_tokenizer::{StreamDecoder, Tokenizer};
 use std::io::{BufRead, IsTerminal, Write};
@@ -400,7 +401,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
-    let format = chat::require(args.chat_template.as_deref(), gguf.metadata(), &tok)?;
+    let format = chat_format::require(args.chat_template.as_deref(), gguf.metadata(), &tok)?;
     let grammar = rules.map(|r| Bound::new(r, &tok)).transpose()?;
     let n_ctx = session::context(args.ctx_size, &model)?;
     let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;

@@ -1,10 +1,10 @@
 //! `llamay info`: what a GGUF file is, and whether this build would run it.
 
 use crate::ModelArg;
-use crate::ftype::file_type_name;
 use crate::out;
 use crate::runnable::{Assessment, assess};
 use anyhow::Context;
+use llamay_gguf::file_type_name;
 use llamay_gguf::{MappedModel, Model, TensorInfo, Value, describe};
 use serde_json::{Map, Value as Json, json};
 use std::collections::BTreeMap;

@@ -7,6 +7,7 @@ pub mod perplexity;
 pub mod quantize;
 pub mod render;
 pub mod run;
+pub mod serve;
 pub mod store;
 pub mod tokenize;
 pub mod validate;

@@ -7,6 +7,7 @@ use crate::chat;
 use anyhow::{Context, bail};
 use llamay_gguf::MappedModel;
 use llamay_template::Message;
+use llamay_template::format as chat_format;
 use llamay_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -60,7 +61,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let tok = Tokenizer::from_metadata(gguf.metadata()).context("cannot load the tokenizer")?;
-    let format = chat::require(args.chat_template.as_deref(), gguf.metadata(), &tok)?;
+    let format = chat_format::require(args.chat_template.as_deref(), gguf.metadata(), &tok)?;
     let text = format.render(&messages, tools, !args.no_generation_prompt, kwargs)?;
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;

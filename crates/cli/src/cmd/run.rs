@@ -1,7 +1,6 @@
 //! `llamay run`: generate text from a prompt, streaming it to stdout.
 
 use crate::ModelArg;
-use crate::chat;
 use crate::constrain::{Bound, ConstraintArgs};
 use crate::generate::{Flow, Sampling, SamplingArgs, prefill};
 use crate::session;
@@ -10,6 +9,7 @@ use llamay_engine::sample::Sampler;
 use llamay_engine::{Context as EngineContext, ContextParams};
 use llamay_gguf::MappedModel;
 use llamay_template::Message;
+use llamay_template::format as chat_format;
 use llamay_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::PathBuf;
@@ -79,7 +79,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let format = if args.raw {
         None
     } else {
-        chat::resolve(args.chat_template.as_deref(), gguf.metadata(), &tok)?
+        chat_format::resolve(args.chat_template.as_deref(), gguf.metadata(), &tok)?
     };
     let ids = match format {
         Some(format) => {

@@ -1,0 +1,196 @@
+//! What both APIs share between a parsed request and the engine: the prompt's tokens
+//! from messages or text, the grammar from a `format`/`response_format`, submission
+//! with admission control, and the parsing of chat output into content, reasoning and
+//! tool calls.
+
+use crate::error::ApiError;
+use crate::registry::Loaded;
+use crate::scheduler::{Event, Job, Refused};
+use llamay_engine::grammar::Rules;
+use llamay_engine::sample::SamplerParams;
+use llamay_template::{Message, OutputFormat, OutputParser, ToolCall};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// A request ready for the engine, from either API.
+pub struct Generation {
+    pub prompt: Vec<u32>,
+    pub params: SamplerParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub grammar: Option<Arc<Rules>>,
+    pub logprobs: Option<usize>,
+    /// Most positions (`num_ctx`); `None`: the server's `--ctx-size`.
+    pub n_ctx: Option<usize>,
+    pub render_special: bool,
+}
+
+/// A chat prompt: its tokens and how the model's answer will be marked up.
+pub struct ChatPrompt {
+    pub tokens: Vec<u32>,
+    pub output: OutputFormat,
+}
+
+/// Renders `messages` (and `tools`) through the model's chat template.
+pub fn chat_prompt(
+    model: &Loaded,
+    name: &str,
+    messages: &[Message],
+    tools: Option<Value>,
+    kwargs: Map<String, Value>,
+) -> Result<ChatPrompt, ApiError> {
+    let format = model.format.as_ref().ok_or_else(|| {
+        ApiError::bad(format!(
+            "model '{name}' has no chat template (no tokenizer.chat_template); start the server with --chat-template NAME|FILE, or use /api/generate with raw: true"
+        ))
+    })?;
+    let text = format
+        .render(messages, tools, true, kwargs)
+        .map_err(|e| ApiError::bad(format!("the chat template failed on these messages: {e}")))?;
+    Ok(ChatPrompt {
+        tokens: format.encode(&model.tok, &text),
+        output: format.output_format(&text),
+    })
+}
+
+/// Checks and queues `g` on `model`: the events of its answer.
+pub fn submit(model: &Loaded, g: Generation) -> Result<UnboundedReceiver<Event>, ApiError> {
+    let server_ctx = model.scheduler.config().n_ctx;
+    let n_ctx = match g.n_ctx {
+        Some(n) if n > server_ctx => {
+            return Err(ApiError::field(
+                "num_ctx",
+                format!(
+                    "{n} is more than this server's context of {server_ctx} tokens per sequence (start it with a larger --ctx-size)"
+                ),
+            ));
+        }
+        Some(n) => n,
+        None => server_ctx,
+    };
+    if g.prompt.is_empty() {
+        return Err(ApiError::bad("the prompt has no tokens"));
+    }
+    let n_vocab = model.tok.n_vocab();
+    if let Some(&t) = g.prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(ApiError::field(
+            "prompt",
+            format!("token id {t} is outside the vocabulary [0, {n_vocab})"),
+        ));
+    }
+    if g.prompt.len() >= n_ctx {
+        return Err(ApiError::bad(format!(
+            "the prompt has {} tokens and the context holds {n_ctx}: shorten it or raise num_ctx (up to --ctx-size)",
+            g.prompt.len()
+        )));
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = Job {
+        prompt: g.prompt,
+        params: g.params,
+        max_tokens: g.max_tokens,
+        stop: g.stop,
+        grammar: g.grammar,
+        logprobs: g.logprobs,
+        ignore_eos: false,
+        render_special: g.render_special,
+        n_ctx,
+        events: tx,
+    };
+    match model.scheduler.submit(job) {
+        Ok(()) => Ok(rx),
+        Err(Refused::Busy) => Err(ApiError::busy()),
+        Err(Refused::Stopped) => Err(ApiError::internal("the model's engine stopped")),
+    }
+}
+
+/// The grammar of a `format` (Ollama: `"json"` or a JSON Schema object) or an OpenAI
+/// `response_format`'s schema.
+pub fn grammar_of_format(field: &str, v: Option<&Value>) -> Result<Option<Arc<Rules>>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some(Rules::json())),
+        Some(Value::String(s)) => Err(ApiError::field(
+            field,
+            format!("\"{s}\" is not a format; give \"json\" or a JSON Schema object"),
+        )),
+        Some(schema @ Value::Object(_)) => Rules::json_schema(schema)
+            .map(Some)
+            .map_err(|e| ApiError::field(field, e)),
+        Some(_) => Err(ApiError::field(
+            field,
+            "must be \"json\" or a JSON Schema object",
+        )),
+    }
+}
+
+/// The parsed answer of a chat so far.
+#[derive(Default, Debug)]
+pub struct ChatOutput {
+    pub content: String,
+    pub reasoning: String,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// Splits generated text into content, reasoning and tool calls as it streams.
+pub struct ChatParser {
+    parser: OutputParser,
+}
+
+/// What one piece of text added.
+#[derive(Default, Debug)]
+pub struct ChatDelta {
+    pub content: String,
+    pub reasoning: String,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl ChatDelta {
+    pub fn is_empty(&self) -> bool {
+        self.content.is_empty() && self.reasoning.is_empty() && self.tool_calls.is_empty()
+    }
+
+    fn add(&mut self, events: Vec<llamay_template::Event>) {
+        for e in events {
+            match e {
+                llamay_template::Event::Content(s) => self.content += &s,
+                llamay_template::Event::Reasoning(s) => self.reasoning += &s,
+                llamay_template::Event::ToolCall(c) => self.tool_calls.push(c),
+            }
+        }
+    }
+
+    pub fn append_to(self, out: &mut ChatOutput) {
+        out.content += &self.content;
+        out.reasoning += &self.reasoning;
+        out.tool_calls.extend(self.tool_calls);
+    }
+}
+
+impl ChatParser {
+    pub fn new(format: OutputFormat) -> Self {
+        ChatParser {
+            parser: OutputParser::new(format),
+        }
+    }
+
+    pub fn push(&mut self, text: &str) -> ChatDelta {
+        let mut d = ChatDelta::default();
+        d.add(self.parser.push(text));
+        d
+    }
+
+    pub fn finish(self) -> ChatDelta {
+        let mut d = ChatDelta::default();
+        d.add(self.parser.finish());
+        d
+    }
+}
+
+/// A tool call's id: the model's, or a fresh one.
+pub fn call_id(c: &ToolCall, i: usize) -> String {
+    c.id.clone()
+        .unwrap_or_else(|| format!("call_{:08x}{i}", crate::params::random_seed() as u32))
+}

@@ -1,0 +1,684 @@
+//! OpenAI's API: chat completions and completions (server-sent events ending in
+//! `data: [DONE]`), models, and the embedding and rerank routes (refused by name until
+//! an embedding architecture runs). Errors in OpenAI's shape.
+
+use crate::error::{ApiError, OaiError};
+use crate::generate::{self, ChatDelta, ChatOutput, ChatParser, Generation};
+use crate::ollama::body_object;
+use crate::params::{self, Fields};
+use crate::registry::Loaded;
+use crate::scheduler::{Event, Finish, Piece, Summary};
+use crate::stream::{self, Framing, Out};
+use crate::{AppState, State};
+use axum::Router;
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use llamay_engine::sample::SamplerParams;
+use llamay_template::{Message, ToolCall};
+use serde_json::{Map, Value, json};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/rerank", post(rerank))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+}
+
+type Result<T> = std::result::Result<T, OaiError>;
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", params::random_seed())
+}
+
+/// The sampling fields both completion routes take.
+struct Common {
+    name: String,
+    params: SamplerParams,
+    max_tokens: usize,
+    stop: Vec<String>,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn common(body: &Map<String, Value>, default_max: usize) -> std::result::Result<Common, ApiError> {
+    let f = Fields::top(body);
+    let name = f
+        .str("model")?
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::field("model", "is required"))?
+        .to_string();
+    if let Some(n) = f.int("n", 1, i64::MAX)?
+        && n != 1
+    {
+        return Err(ApiError::field(
+            "n",
+            "llamay returns one choice per request (n = 1)",
+        ));
+    }
+    let params = SamplerParams {
+        temperature: f.f32("temperature", 0.0, 100.0)?.unwrap_or(0.8),
+        top_k: f.int("top_k", 0, 1 << 30)?.map_or(40, |k| k as usize),
+        top_p: f.f32("top_p", 0.0, 1.0)?.unwrap_or(0.95),
+        min_p: f.f32("min_p", 0.0, 1.0)?.unwrap_or(0.05),
+        repeat_penalty: f.f32("repeat_penalty", 0.0, 100.0)?.unwrap_or(1.0),
+        presence_penalty: f.f32("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        frequency_penalty: f.f32("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        seed: f.seed("seed")?.unwrap_or_else(params::random_seed),
+        ..SamplerParams::default()
+    };
+    params.validate().map_err(ApiError::bad)?;
+    let max = match f.int("max_completion_tokens", -1, i64::MAX)? {
+        Some(n) => Some(n),
+        None => f.int("max_tokens", -1, i64::MAX)?,
+    };
+    let max_tokens = match max {
+        None => default_max,
+        Some(-1) => usize::MAX,
+        Some(n) => n as usize,
+    };
+    let so = Fields::of(body.get("stream_options"), "stream_options.")?;
+    Ok(Common {
+        name,
+        params,
+        max_tokens,
+        stop: f.strings("stop")?,
+        stream: f.bool("stream")?.unwrap_or(false),
+        include_usage: so.bool("include_usage")?.unwrap_or(false),
+    })
+}
+
+fn usage(s: &Summary) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.generated,
+        "total_tokens": s.prompt_tokens + s.generated,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+    })
+}
+
+fn finish_reason(s: &Summary, tools: bool) -> &'static str {
+    match s.finish {
+        _ if tools => "tool_calls",
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+    }
+}
+
+/// One token's entry in a chat `logprobs.content` list.
+fn token_logprob(model: &Loaded, p: &Piece) -> Option<Value> {
+    let lp = p.logprob.as_ref()?;
+    let text = |id: u32| {
+        let b = model.tok.token_to_piece(id, true).unwrap_or(&[]).to_vec();
+        (String::from_utf8_lossy(&b).into_owned(), b)
+    };
+    let (t, b) = text(p.token);
+    let top: Vec<Value> = lp
+        .top
+        .iter()
+        .map(|&(id, l)| {
+            let (t, b) = text(id);
+            json!({"token": t, "logprob": l, "bytes": b})
+        })
+        .collect();
+    Some(json!({"token": t, "logprob": lp.logprob, "bytes": b, "top_logprobs": top}))
+}
+
+fn tool_calls_json(calls: &[ToolCall], from: usize) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({
+                    "index": from + i,
+                    "id": generate::call_id(c, from + i),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments.to_string()},
+                })
+            })
+            .collect(),
+    )
+}
+
+async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
+    let start = Instant::now();
+    let body = body_object(&s, body).await?;
+    let c = common(&body, usize::MAX)?;
+    let f = Fields::top(&body);
+    let messages = Message::list_from_json(body.get("messages").unwrap_or(&Value::Null))
+        .map_err(|e| ApiError::field("messages", e))?;
+    if messages.is_empty() {
+        return Err(ApiError::field("messages", "must hold at least one message").into());
+    }
+    let tool_choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => "auto",
+        Some(Value::String(t)) if matches!(t.as_str(), "auto" | "none") => t.as_str(),
+        Some(_) => {
+            return Err(ApiError::field(
+                "tool_choice",
+                "llamay supports \"auto\" and \"none\"; forcing a tool (\"required\" or a named function) is not supported",
+            )
+            .into());
+        }
+    };
+    let tools = match body.get("tools") {
+        Some(v @ Value::Array(a)) if !a.is_empty() && tool_choice != "none" => Some(v.clone()),
+        None | Some(Value::Null) | Some(Value::Array(_)) => None,
+        Some(_) => return Err(ApiError::field("tools", "must be a list").into()),
+    };
+    let grammar = match body.get("response_format") {
+        None | Some(Value::Null) => None,
+        Some(rf) => match rf.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(llamay_engine::grammar::Rules::json()),
+            Some("json_schema") => {
+                let schema = rf
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .ok_or_else(|| {
+                        ApiError::field("response_format.json_schema.schema", "is required")
+                    })?;
+                generate::grammar_of_format("response_format.json_schema.schema", Some(schema))?
+            }
+            _ => {
+                return Err(ApiError::field(
+                    "response_format.type",
+                    "must be \"text\", \"json_object\" or \"json_schema\"",
+                )
+                .into());
+            }
+        },
+    };
+    let logprobs = if f.bool("logprobs")?.unwrap_or(false) {
+        Some(f.int("top_logprobs", 0, 20)?.unwrap_or(0) as usize)
+    } else {
+        None
+    };
+    let mut kwargs = match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => return Err(ApiError::field("chat_template_kwargs", "must be an object").into()),
+    };
+    if let Some(e) = f.str("reasoning_effort")? {
+        kwargs.insert("reasoning_effort".into(), e.into());
+    }
+    let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
+    let prompt = generate::chat_prompt(&model, &c.name, &messages, tools, kwargs)?;
+    let g = Generation {
+        prompt: prompt.tokens,
+        params: c.params,
+        max_tokens: c.max_tokens,
+        stop: c.stop,
+        grammar,
+        logprobs,
+        n_ctx: None,
+        render_special: true,
+    };
+    let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
+    let id = new_id("chatcmpl");
+    let created = unix_now();
+    let name = c.name.clone();
+    let st = s.clone();
+    let m2 = model.clone();
+    let mut parser = Some(ChatParser::new(prompt.output));
+    let mut pending_lp: Vec<Value> = Vec::new();
+    let mut n_calls = 0usize;
+    let mut first = true;
+    let include_usage = c.include_usage;
+    let mut sent_role = false;
+    let convert = move |_: &mut (), ev: Option<Event>| -> Out {
+        let chunk = |delta: Value, finish: Value, lp: Option<Vec<Value>>| {
+            let mut choice = json!({"index": 0, "delta": delta, "finish_reason": finish});
+            if let Some(lp) = lp {
+                choice["logprobs"] = json!({"content": lp});
+            } else {
+                choice["logprobs"] = Value::Null;
+            }
+            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
+        };
+        let delta_json = |d: ChatDelta, n_calls: &mut usize, role: bool| {
+            let mut m = Map::new();
+            if role {
+                m.insert("role".into(), "assistant".into());
+            }
+            if !d.content.is_empty() || role {
+                m.insert("content".into(), d.content.into());
+            }
+            if !d.reasoning.is_empty() {
+                m.insert("reasoning_content".into(), d.reasoning.into());
+            }
+            if !d.tool_calls.is_empty() {
+                m.insert(
+                    "tool_calls".into(),
+                    tool_calls_json(&d.tool_calls, *n_calls),
+                );
+                *n_calls += d.tool_calls.len();
+            }
+            Value::Object(m)
+        };
+        match ev {
+            Some(Event::Token(p)) => {
+                if first {
+                    first = false;
+                    st.metrics.first_token(start.elapsed());
+                }
+                if let Some(v) = token_logprob(&m2, &p) {
+                    pending_lp.push(v);
+                }
+                let d = parser.as_mut().map(|x| x.push(&p.text)).unwrap_or_default();
+                if d.is_empty() {
+                    return Out {
+                        objects: vec![],
+                        end: false,
+                    };
+                }
+                let lp = logprobs.map(|_| std::mem::take(&mut pending_lp));
+                let role = !std::mem::replace(&mut sent_role, true);
+                let delta = delta_json(d, &mut n_calls, role);
+                Out {
+                    objects: vec![chunk(delta, Value::Null, lp)],
+                    end: false,
+                }
+            }
+            Some(Event::Done(sum)) => {
+                st.metrics.finished(start.elapsed());
+                let mut out = ChatOutput::default();
+                if let Some(mut p) = parser.take() {
+                    p.push(&sum.tail).append_to(&mut out);
+                    p.finish().append_to(&mut out);
+                }
+                let d = ChatDelta {
+                    content: out.content,
+                    reasoning: out.reasoning,
+                    tool_calls: out.tool_calls,
+                };
+                let mut objects = Vec::new();
+                let role = !std::mem::replace(&mut sent_role, true);
+                if !d.is_empty() || role {
+                    let lp = logprobs.map(|_| std::mem::take(&mut pending_lp));
+                    objects.push(chunk(delta_json(d, &mut n_calls, role), Value::Null, lp));
+                }
+                let lp = logprobs
+                    .map(|_| std::mem::take(&mut pending_lp))
+                    .filter(|l| !l.is_empty());
+                objects.push(chunk(
+                    json!({}),
+                    finish_reason(&sum, n_calls > 0).into(),
+                    lp,
+                ));
+                if include_usage {
+                    objects.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [], "usage": usage(&sum)}));
+                }
+                Out { objects, end: true }
+            }
+            Some(Event::Failed(why)) => {
+                st.metrics.failed();
+                Out {
+                    objects: vec![json!({"error": {"message": why, "type": "server_error"}})],
+                    end: true,
+                }
+            }
+            None => Out {
+                objects: vec![
+                    json!({"error": {"message": "the engine stopped", "type": "server_error"}}),
+                ],
+                end: true,
+            },
+        }
+    };
+    if c.stream {
+        return Ok(stream::respond(Framing::Sse, rx, (), convert));
+    }
+    let chunks = collect(rx, convert).await?;
+    // Fold the chunks into one chat.completion.
+    let (mut content, mut reasoning, mut calls, mut lps) =
+        (String::new(), String::new(), Vec::new(), Vec::new());
+    let (mut finish, mut usage_v) = (Value::Null, Value::Null);
+    for ch in &chunks {
+        if let Some(u) = ch.get("usage") {
+            usage_v = u.clone();
+        }
+        let Some(choice) = ch["choices"].get(0) else {
+            continue;
+        };
+        let d = &choice["delta"];
+        content += d["content"].as_str().unwrap_or("");
+        reasoning += d["reasoning_content"].as_str().unwrap_or("");
+        if let Some(a) = d["tool_calls"].as_array() {
+            for call in a {
+                let mut call = call.clone();
+                if let Some(o) = call.as_object_mut() {
+                    o.remove("index");
+                }
+                calls.push(call);
+            }
+        }
+        if let Some(a) = choice["logprobs"]["content"].as_array() {
+            lps.extend(a.iter().cloned());
+        }
+        if !choice["finish_reason"].is_null() {
+            finish = choice["finish_reason"].clone();
+        }
+    }
+    let mut message = json!({"role": "assistant", "content": content});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = reasoning.into();
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    let first = &chunks[0];
+    Ok(axum::Json(json!({
+        "id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                     "logprobs": if logprobs.is_some() { json!({"content": lps}) } else { Value::Null }}],
+        "usage": usage_v,
+    }))
+    .into_response())
+}
+
+/// Runs a non-streamed request through the stream's converter (usage always asked
+/// for): the chunks it would have sent.
+async fn collect<S: Default>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    mut convert: impl FnMut(&mut S, Option<Event>) -> Out,
+) -> Result<Vec<Value>> {
+    let mut state = S::default();
+    let mut chunks = Vec::new();
+    loop {
+        let ev = rx.recv().await;
+        let closed = ev.is_none();
+        let out = convert(&mut state, ev);
+        for o in out.objects {
+            if let Some(e) = o.get("error") {
+                let msg = e["message"].as_str().unwrap_or("generation failed");
+                return Err(ApiError::internal(msg).into());
+            }
+            chunks.push(o);
+        }
+        if out.end || closed {
+            break;
+        }
+    }
+    Ok(chunks)
+}
+
+/// A completion's prompt: text, token ids, or a one-element list of either.
+fn prompt_tokens(model: &Loaded, v: Option<&Value>) -> std::result::Result<Vec<u32>, ApiError> {
+    let ids = |a: &[Value]| -> std::result::Result<Vec<u32>, ApiError> {
+        a.iter()
+            .map(|t| match t.as_i64() {
+                Some(id) if id >= 0 && (id as usize) < model.tok.n_vocab() => Ok(id as u32),
+                _ => Err(ApiError::field(
+                    "prompt",
+                    format!(
+                        "token id {t} is outside the vocabulary [0, {})",
+                        model.tok.n_vocab()
+                    ),
+                )),
+            })
+            .collect()
+    };
+    match v {
+        Some(Value::String(s)) => Ok(model.tok.encode(s.as_bytes(), true, true)),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) && !a.is_empty() => ids(a),
+        Some(Value::Array(a)) if a.len() == 1 => prompt_tokens(model, a.first()),
+        Some(Value::Array(a)) if a.len() > 1 => Err(ApiError::field(
+            "prompt",
+            "llamay completes one prompt per request; send the prompts as separate requests",
+        )),
+        _ => Err(ApiError::field(
+            "prompt",
+            "must be a string or a list of token ids",
+        )),
+    }
+}
+
+async fn completions(axum::extract::State(s): State, body: Body) -> Result<Response> {
+    let start = Instant::now();
+    let body = body_object(&s, body).await?;
+    // OpenAI's default for this route is 16 tokens.
+    let c = common(&body, 16)?;
+    let f = Fields::top(&body);
+    if f.bool("echo")?.unwrap_or(false) {
+        return Err(ApiError::field("echo", "echoing the prompt is not supported").into());
+    }
+    if f.str("suffix")?.is_some_and(|x| !x.is_empty()) {
+        return Err(ApiError::field("suffix", "fill-in-the-middle is not supported").into());
+    }
+    if let Some(b) = f.int("best_of", 1, i64::MAX)?
+        && b != 1
+    {
+        return Err(ApiError::field("best_of", "llamay returns one choice (best_of = 1)").into());
+    }
+    let logprobs = f.int("logprobs", 0, 20)?.map(|n| n as usize);
+    let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
+    let tokens = prompt_tokens(&model, body.get("prompt"))?;
+    let g = Generation {
+        prompt: tokens,
+        params: c.params,
+        max_tokens: c.max_tokens,
+        stop: c.stop,
+        grammar: None,
+        logprobs,
+        n_ctx: None,
+        render_special: false,
+    };
+    let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
+    let id = new_id("cmpl");
+    let created = unix_now();
+    let name = c.name.clone();
+    let st = s.clone();
+    let m2 = model.clone();
+    let include_usage = c.include_usage;
+    let mut first = true;
+    let convert = move |_: &mut (), ev: Option<Event>| -> Out {
+        let chunk = |text: &str, finish: Value, lp: Value| {
+            json!({"id": id, "object": "text_completion", "created": created, "model": name,
+                   "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]})
+        };
+        match ev {
+            Some(Event::Token(p)) => {
+                if first {
+                    first = false;
+                    st.metrics.first_token(start.elapsed());
+                }
+                let lp = match token_logprob(&m2, &p) {
+                    Some(v) => {
+                        let top: Map<String, Value> = v["top_logprobs"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|t| {
+                                (
+                                    t["token"].as_str().unwrap_or("").to_string(),
+                                    t["logprob"].clone(),
+                                )
+                            })
+                            .collect();
+                        json!({"tokens": [v["token"]], "token_logprobs": [v["logprob"]], "top_logprobs": [top]})
+                    }
+                    None => Value::Null,
+                };
+                if p.text.is_empty() && lp.is_null() {
+                    return Out {
+                        objects: vec![],
+                        end: false,
+                    };
+                }
+                Out {
+                    objects: vec![chunk(&p.text, Value::Null, lp)],
+                    end: false,
+                }
+            }
+            Some(Event::Done(sum)) => {
+                st.metrics.finished(start.elapsed());
+                let mut objects = vec![chunk(
+                    &sum.tail,
+                    finish_reason(&sum, false).into(),
+                    Value::Null,
+                )];
+                if include_usage {
+                    objects.push(json!({"id": id, "object": "text_completion", "created": created, "model": name, "choices": [], "usage": usage(&sum)}));
+                }
+                Out { objects, end: true }
+            }
+            Some(Event::Failed(why)) => {
+                st.metrics.failed();
+                Out {
+                    objects: vec![json!({"error": {"message": why, "type": "server_error"}})],
+                    end: true,
+                }
+            }
+            None => Out {
+                objects: vec![
+                    json!({"error": {"message": "the engine stopped", "type": "server_error"}}),
+                ],
+                end: true,
+            },
+        }
+    };
+    if c.stream {
+        return Ok(stream::respond(Framing::Sse, rx, (), convert));
+    }
+    // Non-streamed: usage is always reported.
+    let mut with_usage = convert;
+    let chunks = {
+        let (tx2, mut rx2) = (0, rx);
+        let _ = tx2;
+        let mut chunks = Vec::new();
+        let mut got_usage = None;
+        loop {
+            let ev = rx2.recv().await;
+            let closed = ev.is_none();
+            let sum = match &ev {
+                Some(Event::Done(s)) => Some(usage(s)),
+                _ => None,
+            };
+            let out = with_usage(&mut (), ev);
+            for o in out.objects {
+                if let Some(e) = o.get("error") {
+                    return Err(
+                        ApiError::internal(e["message"].as_str().unwrap_or("failed")).into(),
+                    );
+                }
+                chunks.push(o);
+            }
+            if sum.is_some() {
+                got_usage = sum;
+            }
+            if out.end || closed {
+                break;
+            }
+        }
+        (chunks, got_usage)
+    };
+    let (chunks, usage_v) = chunks;
+    let mut text = String::new();
+    let (mut tokens, mut token_lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+    let mut finish = Value::Null;
+    for ch in &chunks {
+        let Some(choice) = ch["choices"].get(0) else {
+            continue;
+        };
+        text += choice["text"].as_str().unwrap_or("");
+        if let Some(lp) = choice["logprobs"].as_object() {
+            tokens.extend(lp["tokens"].as_array().into_iter().flatten().cloned());
+            token_lps.extend(
+                lp["token_logprobs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .cloned(),
+            );
+            tops.extend(lp["top_logprobs"].as_array().into_iter().flatten().cloned());
+        }
+        if !choice["finish_reason"].is_null() {
+            finish = choice["finish_reason"].clone();
+        }
+    }
+    let lp = if logprobs.is_some() {
+        json!({"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops})
+    } else {
+        Value::Null
+    };
+    let first = &chunks[0];
+    Ok(axum::Json(json!({
+        "id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
+        "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}],
+        "usage": usage_v.unwrap_or(Value::Null),
+    }))
+    .into_response())
+}
+
+async fn embeddings(axum::extract::State(s): State, body: Body) -> Result<Response> {
+    let body = body_object(&s, body).await?;
+    let f = Fields::top(&body);
+    let name = f
+        .str("model")?
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::field("model", "is required"))?;
+    if let Some(enc) = f.str("encoding_format")?
+        && enc != "float"
+        && enc != "base64"
+    {
+        return Err(ApiError::field("encoding_format", "must be \"float\" or \"base64\"").into());
+    }
+    s.registry.resolve(name).map_err(ApiError::from)?;
+    Err(crate::ollama::embeddings_refusal(name).into())
+}
+
+async fn rerank(axum::extract::State(s): State, body: Body) -> Result<Response> {
+    let body = body_object(&s, body).await?;
+    let f = Fields::top(&body);
+    let name = f
+        .str("model")?
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::field("model", "is required"))?;
+    s.registry.resolve(name).map_err(ApiError::from)?;
+    Err(ApiError::new(
+        axum::http::StatusCode::NOT_IMPLEMENTED,
+        format!("model '{name}': reranking needs a reranker model (a bert-style cross-encoder), which llamay does not run yet"),
+    )
+    .into())
+}
+
+fn model_object(name: &str, created: Option<SystemTime>) -> Value {
+    let created = created
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    json!({"id": name, "object": "model", "created": created, "owned_by": "llamay"})
+}
+
+async fn models(axum::extract::State(s): State) -> Response {
+    let data: Vec<Value> = s
+        .registry
+        .names()
+        .iter()
+        .map(|(n, _, t)| model_object(n, *t))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn model(
+    axum::extract::State(s): State,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response> {
+    let names = s.registry.names();
+    match names.iter().find(|(n, _, _)| *n == id) {
+        Some((n, _, t)) => Ok(axum::Json(model_object(n, *t)).into_response()),
+        None => Err(ApiError::not_found(format!("model '{id}' not found")).into()),
+    }
+}

@@ -1,0 +1,664 @@
+//! One loaded model's engine thread: continuous batching over its KV pool.
+//!
+//! Every engine step is one `decode` call carrying the next token of every running
+//! sequence plus one chunk of the oldest prompt still being prefilled, so a long prompt
+//! holds the others up by at most one chunk. A new request starts from the longest
+//! prefix it shares with a sequence the pool still holds (a finished request's), forked
+//! copy-on-write and truncated to the shared part. Generation runs here, never on the
+//! async runtime's workers (design invariant 6); requests arrive over a channel and
+//! their tokens leave over each request's own channel. A request whose receiver is
+//! gone (the client disconnected) is dropped at the next step.
+//!
+//! Batch invariance: the engine computes every row of a batch independently of the
+//! others, in the same order whatever the batch holds (crates/engine/tests/
+//! batch_invariance.rs), and each request has its own sampler, so a request's tokens
+//! at temperature 0 — or at any temperature with a given seed — are the same alone,
+//! batched with any others, prefilled in other chunks, or started from a cached prefix.
+
+use crate::stop::StopMatcher;
+use llamay_engine::grammar::{Constraint, Rules, TokenTrie};
+use llamay_engine::sample::{Sampler, SamplerParams};
+use llamay_engine::{
+    BatchToken, Context, ContextParams, DecodeError, KvPrecision, Model, SeqId, Threads,
+};
+use llamay_tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Prompt tokens one step may carry (bounds the activations' memory and how long a
+/// prefill holds the running sequences up).
+pub const PREFILL_CHUNK: usize = 512;
+
+/// One request for the engine.
+pub struct Job {
+    /// The whole prompt, BOS included; at least one token.
+    pub prompt: Vec<u32>,
+    pub params: SamplerParams,
+    /// Most tokens to generate (`usize::MAX`: until the context is full).
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub grammar: Option<Arc<Rules>>,
+    /// `Some(n)`: report each token's log-probability and the `n` likeliest.
+    pub logprobs: Option<usize>,
+    pub ignore_eos: bool,
+    /// Render control tokens' text (chat output, whose markup is often control tokens).
+    pub render_special: bool,
+    /// Most positions this request's sequence may reach (≤ the server's context).
+    pub n_ctx: usize,
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine tells a request's handler.
+#[derive(Debug)]
+pub enum Event {
+    /// One generated token and the text it released (may be empty: part of a
+    /// character, or held back as a possible stop string's start).
+    Token(Piece),
+    Done(Summary),
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Piece {
+    pub token: u32,
+    pub text: String,
+    pub logprob: Option<TokenLogprob>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    /// The likeliest tokens at this position and their log-probabilities.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// End of generation, a stop string, or a complete grammar sentence.
+    Stop,
+    /// The token limit or the context's end.
+    Length,
+}
+
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub finish: Finish,
+    pub prompt_tokens: usize,
+    /// Prompt tokens that came from the cache rather than being computed.
+    pub cached_tokens: usize,
+    pub generated: usize,
+    pub prompt_eval: Duration,
+    pub eval: Duration,
+    /// Text held back at the end (a stop-string prefix that never completed).
+    pub tail: String,
+    /// The prompt and the generated tokens (Ollama's `context`).
+    pub tokens: Vec<u32>,
+}
+
+/// How a scheduler is set up.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    pub threads: Threads,
+    pub kv: KvPrecision,
+    /// Positions one sequence may hold.
+    pub n_ctx: usize,
+    /// Sequences decoded together.
+    pub parallel: usize,
+    /// Requests allowed to wait beyond `parallel`.
+    pub queue: usize,
+}
+
+/// Counters the scheduler keeps for `/metrics`, `/api/ps` and admission.
+#[derive(Default, Debug)]
+pub struct Gauges {
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    /// Requests submitted and not yet finished (admission bound).
+    pub in_flight: AtomicUsize,
+    /// Pages the running requests hold (idle, reusable prefixes not counted).
+    pub kv_pages_used: AtomicUsize,
+    pub kv_pages_total: AtomicUsize,
+    pub prompt_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// The engine thread ended (its model is gone).
+    pub stopped: AtomicBool,
+}
+
+/// Why a request was not queued.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// `--parallel` are running and `--queue` are waiting.
+    Busy,
+    /// The engine thread is gone.
+    Stopped,
+}
+
+/// The handle the HTTP side holds: submits jobs to the engine thread.
+pub struct Scheduler {
+    jobs: Mutex<mpsc::Sender<Job>>,
+    pub gauges: Arc<Gauges>,
+    config: EngineConfig,
+}
+
+impl Scheduler {
+    /// Starts the engine thread for `model`.
+    pub fn start(
+        model: Arc<Model<'static>>,
+        tok: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Scheduler, String> {
+        let n_ctx = config.n_ctx;
+        // Made here so that a bad configuration is an error now, not a dead thread.
+        let probe = model
+            .context(ContextParams::new(Threads(1), config.kv, n_ctx))
+            .map_err(|e| e.to_string())?;
+        drop(probe);
+        let (tx, rx) = mpsc::channel();
+        let gauges = Arc::new(Gauges::default());
+        let g = gauges.clone();
+        std::thread::Builder::new()
+            .name("llamay-engine".into())
+            .spawn(move || {
+                let mut engine = Engine::new(&model, &tok, config, g.clone());
+                engine.run(rx);
+                g.stopped.store(true, Ordering::SeqCst);
+            })
+            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+        Ok(Scheduler {
+            jobs: Mutex::new(tx),
+            gauges,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> EngineConfig {
+        self.config
+    }
+
+    /// Queues a job unless `parallel + queue` requests are already in flight.
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        let limit = self.config.parallel + self.config.queue;
+        let g = &self.gauges;
+        if g.stopped.load(Ordering::SeqCst) {
+            return Err(Refused::Stopped);
+        }
+        if g.in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(Refused::Busy);
+        }
+        g.waiting.fetch_add(1, Ordering::SeqCst);
+        let sent = self.jobs.lock().map_err(|_| Refused::Stopped)?.send(job);
+        if sent.is_err() {
+            g.in_flight.fetch_sub(1, Ordering::SeqCst);
+            g.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(Refused::Stopped);
+        }
+        Ok(())
+    }
+
+    /// Whether nothing is queued or running.
+    pub fn idle(&self) -> bool {
+        self.gauges.in_flight.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// A running request.
+struct Slot<'t> {
+    job: Job,
+    seq: SeqId,
+    /// Prompt tokens in the KV (reused ones included).
+    fed: usize,
+    cached: usize,
+    /// The sampled token not yet decoded.
+    next: Option<u32>,
+    sampler: Sampler,
+    history: Vec<u32>,
+    constraint: Option<Constraint>,
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    generated: usize,
+    /// A stop string ended it (what the decoder still holds is past the stop).
+    stopped: bool,
+    started: Instant,
+    first_token: Option<Instant>,
+}
+
+/// A finished request's sequence, kept for the prefix it may share with the next.
+struct Idle {
+    seq: SeqId,
+    used: Instant,
+}
+
+struct Engine<'m, 't> {
+    ctx: Context<'m>,
+    tok: &'t Tokenizer,
+    config: EngineConfig,
+    gauges: Arc<Gauges>,
+    waiting: VecDeque<Job>,
+    slots: Vec<Slot<'t>>,
+    idle: Vec<Idle>,
+    /// The vocabulary's trie, built on the first constrained request.
+    trie: Option<Arc<TokenTrie>>,
+}
+
+/// What a step's batch row belongs to.
+#[derive(Clone, Copy)]
+enum Row {
+    Decode(usize),
+    PromptEnd(usize),
+}
+
+impl<'m, 't> Engine<'m, 't> {
+    fn new(
+        model: &'m Model<'static>,
+        tok: &'t Tokenizer,
+        config: EngineConfig,
+        gauges: Arc<Gauges>,
+    ) -> Self {
+        let mut p = ContextParams::new(config.threads, config.kv, config.n_ctx);
+        // `--parallel` full sequences, and a page per sequence for forks' first copies.
+        p.kv_budget_tokens = Some(
+            config
+                .parallel
+                .saturating_mul(config.n_ctx + llamay_engine::PAGE),
+        );
+        let ctx = model.context(p).expect("checked in Scheduler::start");
+        Engine {
+            ctx,
+            tok,
+            config,
+            gauges,
+            waiting: VecDeque::new(),
+            slots: Vec::new(),
+            idle: Vec::new(),
+            trie: None,
+        }
+    }
+
+    fn run(&mut self, rx: mpsc::Receiver<Job>) {
+        loop {
+            if self.slots.is_empty() && self.waiting.is_empty() {
+                match rx.recv() {
+                    Ok(j) => self.waiting.push_back(j),
+                    Err(_) => return, // the model was unloaded
+                }
+            }
+            while let Ok(j) = rx.try_recv() {
+                self.waiting.push_back(j);
+            }
+            self.drop_cancelled();
+            self.admit();
+            self.publish();
+            if !self.slots.is_empty() {
+                self.step();
+            }
+            self.publish();
+        }
+    }
+
+    fn publish(&self) {
+        let g = &self.gauges;
+        g.running.store(self.slots.len(), Ordering::SeqCst);
+        let u = self.ctx.kv().usage();
+        let running: Vec<SeqId> = self.slots.iter().map(|s| s.seq).collect();
+        g.kv_pages_used
+            .store(self.ctx.kv().pages_held(&running), Ordering::SeqCst);
+        g.kv_pages_total.store(u.pages_total, Ordering::SeqCst);
+    }
+
+    fn finish_job(&self) {
+        self.gauges.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Requests whose client is gone: their slot and sequence are freed now.
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|j| !j.events.is_closed());
+        for _ in self.waiting.len()..before {
+            self.gauges.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.finish_job();
+        }
+        let mut i = 0;
+        while i < self.slots.len() {
+            if self.slots[i].job.events.is_closed() {
+                let s = self.slots.swap_remove(i);
+                self.retire(s.seq);
+                self.finish_job();
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Keeps a finished sequence for prefix reuse (the oldest go first when the pool
+    /// needs room, and beyond `parallel` of them).
+    fn retire(&mut self, seq: SeqId) {
+        self.idle.push(Idle {
+            seq,
+            used: Instant::now(),
+        });
+        if self.idle.len() > self.config.parallel {
+            self.evict_one();
+        }
+    }
+
+    fn evict_one(&mut self) -> bool {
+        let Some(i) = (0..self.idle.len()).min_by_key(|&i| self.idle[i].used) else {
+            return false;
+        };
+        let s = self.idle.swap_remove(i);
+        let _ = self.ctx.kv_mut().free(s.seq);
+        true
+    }
+
+    fn admit(&mut self) {
+        while self.slots.len() < self.config.parallel {
+            let Some(job) = self.waiting.pop_front() else {
+                return;
+            };
+            self.gauges.waiting.fetch_sub(1, Ordering::SeqCst);
+            match self.start(job) {
+                Ok(slot) => self.slots.push(slot),
+                Err((job, why)) => {
+                    let _ = job.events.send(Event::Failed(why));
+                    self.finish_job();
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, job: Job) -> Result<Slot<'t>, (Job, String)> {
+        let n_ctx = job.n_ctx.min(self.config.n_ctx);
+        if job.prompt.is_empty() {
+            return Err((job, "the prompt has no tokens".into()));
+        }
+        if job.prompt.len() >= n_ctx {
+            let why = format!(
+                "the prompt has {} tokens and the context holds {n_ctx}: shorten it or raise num_ctx / --ctx-size",
+                job.prompt.len()
+            );
+            return Err((job, why));
+        }
+        let constraint = match &job.grammar {
+            None => None,
+            Some(rules) => match self.trie() {
+                Ok(trie) => Some(Constraint::new(rules.clone(), trie)),
+                Err(why) => return Err((job, why)),
+            },
+        };
+        let (seq, cached) = self.reuse_prefix(&job.prompt);
+        let decoder = if job.render_special {
+            StreamDecoder::rendering_special(self.tok)
+        } else {
+            StreamDecoder::new(self.tok)
+        };
+        Ok(Slot {
+            seq,
+            fed: cached,
+            cached,
+            next: None,
+            sampler: Sampler::new(job.params.clone()),
+            history: job.prompt.clone(),
+            constraint,
+            decoder,
+            stop: StopMatcher::new(job.stop.clone()),
+            generated: 0,
+            stopped: false,
+            started: Instant::now(),
+            first_token: None,
+            job,
+        })
+    }
+
+    fn trie(&mut self) -> Result<Arc<TokenTrie>, String> {
+        if let Some(t) = &self.trie {
+            return Ok(t.clone());
+        }
+        let (pieces, eog) = self.tok.grammar_vocabulary();
+        if eog.is_empty() {
+            return Err("the vocabulary has no end-of-generation token, so a constrained answer could never end".into());
+        }
+        let t = Arc::new(TokenTrie::new(&pieces, &eog));
+        self.trie = Some(t.clone());
+        Ok(t)
+    }
+
+    /// A sequence holding the longest prefix of `prompt` some idle sequence holds (at
+    /// most all but its last token, whose logits are needed), and its length.
+    fn reuse_prefix(&mut self, prompt: &[u32]) -> (SeqId, usize) {
+        let mut candidates: Vec<(usize, usize)> = (self.idle.iter().enumerate())
+            .filter_map(|(i, s)| {
+                let held = self.ctx.kv().tokens(s.seq).ok()?;
+                let n = common_prefix(held, prompt).min(prompt.len() - 1);
+                (n > 0).then_some((n, i))
+            })
+            .collect();
+        candidates.sort_by(|a, b| b.cmp(a));
+        for (n, i) in candidates {
+            let parent = self.idle[i].seq;
+            let Ok(seq) = self.ctx.kv_mut().fork(parent) else {
+                continue;
+            };
+            // A sliding window may have released what the shorter prefix needs.
+            if self.ctx.kv_mut().truncate(seq, n).is_ok() {
+                self.idle[i].used = Instant::now();
+                return (seq, n);
+            }
+            let _ = self.ctx.kv_mut().free(seq);
+        }
+        (self.ctx.new_sequence(), 0)
+    }
+
+    fn step(&mut self) {
+        let mut batch = Vec::new();
+        let mut rows = Vec::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(t) = s.next {
+                let pos = self.ctx.kv().len(s.seq).unwrap_or(0);
+                batch.push(BatchToken {
+                    seq: s.seq,
+                    token: t,
+                    pos,
+                    logits: true,
+                });
+                rows.push(Row::Decode(i));
+            }
+        }
+        let room = PREFILL_CHUNK.saturating_sub(batch.len()).max(1);
+        let mut prefilled = None;
+        if let Some(i) = self.slots.iter().position(|s| s.next.is_none()) {
+            let s = &self.slots[i];
+            let n = room.min(s.job.prompt.len() - s.fed);
+            for p in s.fed..s.fed + n {
+                let last = p + 1 == s.job.prompt.len();
+                batch.push(BatchToken {
+                    seq: s.seq,
+                    token: s.job.prompt[p],
+                    pos: p,
+                    logits: last,
+                });
+                if last {
+                    rows.push(Row::PromptEnd(i));
+                }
+            }
+            prefilled = Some((i, n));
+        }
+        let logits = loop {
+            match self.ctx.decode(&batch) {
+                Ok(l) => break l,
+                Err(DecodeError::PoolFull { .. }) if self.evict_one() => continue,
+                Err(e) => {
+                    // Nothing changed; the newest request gives way so the rest go on.
+                    let i = self.slots.len() - 1;
+                    let s = self.slots.remove(i);
+                    let _ = s.job.events.send(Event::Failed(format!(
+                        "the server's KV cache cannot hold this request now: {e}"
+                    )));
+                    let _ = self.ctx.kv_mut().free(s.seq);
+                    self.finish_job();
+                    return;
+                }
+            }
+        };
+        if let Some((i, n)) = prefilled {
+            self.slots[i].fed += n;
+        }
+        let mut done = Vec::new();
+        for (r, row) in rows.iter().enumerate() {
+            let i = match *row {
+                Row::Decode(i) | Row::PromptEnd(i) => i,
+            };
+            if let Some(finish) = self.sample(i, logits.row(r)) {
+                done.push((i, finish));
+            }
+        }
+        done.sort_by(|a, b| b.0.cmp(&a.0));
+        for (i, finish) in done {
+            let s = self.slots.swap_remove(i);
+            self.complete(s, finish);
+        }
+    }
+
+    /// Samples slot `i`'s next token from its logits; `Some` when it is finished.
+    fn sample(&mut self, i: usize, logits: &[f32]) -> Option<Finish> {
+        let n_ctx_server = self.config.n_ctx;
+        let tok = self.tok;
+        let kv_len = self.ctx.kv().len(self.slots[i].seq).unwrap_or(0);
+        let s = &mut self.slots[i];
+        s.first_token.get_or_insert_with(Instant::now);
+        let id = match &mut s.constraint {
+            None => s.sampler.sample(logits, &s.history),
+            Some(c) => {
+                let Some(id) = s.sampler.sample_constrained(logits, &s.history, c) else {
+                    let _ = s.job.events.send(Event::Failed(format!(
+                        "the grammar admits no token of this vocabulary here (after {} tokens)",
+                        s.generated
+                    )));
+                    return Some(Finish::Stop);
+                };
+                if !tok.is_eog(id) {
+                    c.accept(id);
+                }
+                id
+            }
+        };
+        if tok.is_eog(id) && (!s.job.ignore_eos || s.constraint.is_some()) {
+            return Some(Finish::Stop);
+        }
+        s.history.push(id);
+        s.generated += 1;
+        let text = s.decoder.push(id).unwrap_or_default();
+        let released = s.stop.push(&text);
+        let logprob = s.job.logprobs.map(|n| logprob_of(logits, id, n));
+        let _ = s.job.events.send(Event::Token(Piece {
+            token: id,
+            text: released.text,
+            logprob,
+        }));
+        s.stopped = released.stopped;
+        if released.stopped
+            || s.constraint
+                .as_ref()
+                .is_some_and(|c| c.state().is_finished())
+        {
+            return Some(Finish::Stop);
+        }
+        if s.generated >= s.job.max_tokens || kv_len >= s.job.n_ctx.min(n_ctx_server) {
+            return Some(Finish::Length);
+        }
+        s.next = Some(id);
+        None
+    }
+
+    fn complete(&mut self, mut s: Slot<'t>, finish: Finish) {
+        let now = Instant::now();
+        let first = s.first_token.unwrap_or(now);
+        let tail = if s.stopped {
+            String::new()
+        } else {
+            let rest = s.decoder.finish();
+            let r = s.stop.push(&rest);
+            if r.stopped {
+                r.text
+            } else {
+                r.text + &s.stop.flush()
+            }
+        };
+        let g = &self.gauges;
+        g.prompt_tokens
+            .fetch_add(s.job.prompt.len() as u64, Ordering::Relaxed);
+        g.cached_tokens
+            .fetch_add(s.cached as u64, Ordering::Relaxed);
+        g.generated_tokens
+            .fetch_add(s.generated as u64, Ordering::Relaxed);
+        let summary = Summary {
+            finish,
+            prompt_tokens: s.job.prompt.len(),
+            cached_tokens: s.cached,
+            generated: s.generated,
+            prompt_eval: first - s.started,
+            eval: now - first,
+            tail,
+            tokens: std::mem::take(&mut s.history),
+        };
+        let _ = s.job.events.send(Event::Done(summary));
+        self.retire(s.seq);
+        self.finish_job();
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The log-probability of `id` under `logits`' softmax, and the `n` likeliest tokens.
+fn logprob_of(logits: &[f32], id: u32, n: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+    let n = n.min(logits.len());
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &x) in logits.iter().enumerate() {
+            if top.len() < n || x > top[top.len() - 1].1 {
+                let at = top.partition_point(|&(_, y)| y >= x);
+                top.insert(at, (i as u32, x));
+                top.truncate(n);
+            }
+        }
+    }
+    TokenLogprob {
+        logprob: logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&x| x - lse),
+        top: top.into_iter().map(|(t, x)| (t, x - lse)).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_normalised_top_list() {
+        let l = [1.0f32, 3.0, 2.0, 0.5];
+        let lp = logprob_of(&l, 2, 2);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2]);
+        let total: f32 = l.iter().map(|&x| (x - 3.0).exp()).sum();
+        assert!((lp.logprob - ((2.0f32 - 3.0).exp() / total).ln()).abs() < 1e-6);
+        assert!(lp.top[0].1 > lp.top[1].1);
+    }
+
+    #[test]
+    fn common_prefix_counts_equal_leading_tokens() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+    }
+}
