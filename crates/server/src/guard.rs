@@ -1,6 +1,7 @@
 //! Safe by default: while bound to loopback, only requests naming a loopback host are
 //! served (a DNS-rebinding page names its own); `--api-key` is required of every route
-//! but `/health`; bodies over `--max-body` are refused with 413 before they are read;
+//! but `/health` and `/metrics` (the inference gateway's scraper sends no credentials,
+//! as vLLM's `/metrics` takes none); bodies over `--max-body` are refused with 413 before they are read;
 //! CORS admits localhost origins and those `--cors-origin` adds.
 
 use crate::AppState;
@@ -96,6 +97,7 @@ async fn check(
     }
     if let Some(key) = &state.config.api_key
         && path != "/health"
+        && path != "/metrics"
         && req.method() != axum::http::Method::OPTIONS
         && !presented_key(req.headers()).is_some_and(|k| same_secret(k, key.as_bytes()))
     {

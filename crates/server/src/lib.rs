@@ -50,6 +50,10 @@ pub struct ServeConfig {
     pub store: Option<PathBuf>,
     /// How long SIGTERM waits for running requests.
     pub shutdown_grace: Duration,
+    /// `--keep-alive`: how long an idle model stays loaded (`None`: forever).
+    pub keep_alive: Option<Duration>,
+    /// `--preload`: load every `-m` model at start (`/health` is 503 until then).
+    pub preload: bool,
 }
 
 /// What every handler sees.
@@ -128,7 +132,13 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
         }
     }
     let store = config.store.clone().map(llamay_hub::Store::at);
-    let registry = Registry::new(served, store, config.engine, config.chat_template.clone());
+    let registry = Registry::new(
+        served,
+        store,
+        config.engine,
+        config.chat_template.clone(),
+        config.keep_alive,
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -159,6 +169,18 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
                 reaper.registry.reap();
             }
         });
+        if state.config.preload {
+            let s = state.clone();
+            s.registry.preloading(true);
+            tokio::spawn(async move {
+                for name in s.registry.served() {
+                    if let Err(e) = s.registry.get(&name).await {
+                        eprintln!("llamay serve: --preload {name}: {e}");
+                    }
+                }
+                s.registry.preloading(false);
+            });
+        }
         eprintln!("llamay serve: listening on http://{bound}");
         let app = router(state, loopback);
         axum::serve(listener, app)

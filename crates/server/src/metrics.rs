@@ -108,6 +108,13 @@ impl Metrics {
             "Fraction of the KV cache's pages in use (0 to 1).",
             format!("{usage}"),
         );
+        // The name endpoint pickers before GIE v1.3 read.
+        gauge(
+            &mut out,
+            "vllm:gpu_cache_usage_perc",
+            "The same as vllm:kv_cache_usage_perc (its older name).",
+            format!("{usage}"),
+        );
         let pages_per_layer = reg.engine().parallel * (reg.engine().n_ctx + llamay_engine::PAGE)
             / llamay_engine::PAGE;
         let _ = writeln!(

@@ -119,10 +119,11 @@ fn options(body: &Map<String, Value>) -> Result<Options, ApiError> {
     })
 }
 
-fn keep_alive(model: &Loaded, body: &Map<String, Value>) -> Result<(), ApiError> {
-    if let Some(k) = params::keep_alive(body.get("keep_alive"))? {
-        model.keep_for(k);
-    }
+/// The request's keep-alive, or the server's; every request restarts the clock.
+fn keep_alive(state: &AppState, model: &Loaded, body: &Map<String, Value>) -> Result<(), ApiError> {
+    let k = params::keep_alive(body.get("keep_alive"))?
+        .unwrap_or_else(|| state.registry.default_keep_alive());
+    model.keep_for(k);
     Ok(())
 }
 
@@ -222,7 +223,7 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
         Some(_) => return Err(ApiError::field("context", "must be a list of token ids")),
     };
     let (model, load) = model_for(&s, &name).await?;
-    keep_alive(&model, &body)?;
+    keep_alive(&s, &model, &body)?;
     if prompt.is_empty() && context.is_empty() {
         // Ollama's way to load a model (or, with keep_alive 0, to unload it).
         if body.get("keep_alive").is_some_and(|k| k == 0 || k == "0") {
@@ -462,7 +463,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
         }
     }
     let (model, load) = model_for(&s, &name).await?;
-    keep_alive(&model, &body)?;
+    keep_alive(&s, &model, &body)?;
     if messages.is_empty() {
         if body.get("keep_alive").is_some_and(|k| k == 0 || k == "0") {
             s.registry.unload(&model.path);
@@ -599,7 +600,7 @@ fn details(path: &std::path::Path) -> Result<(Value, Map<String, Value>), ApiErr
         .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
     let md = gguf.metadata();
     let arch = md.architecture().ok().flatten().unwrap_or("").to_string();
-    let params: u64 = gguf.tensors().map(|t| t.n_elements as u64).sum();
+    let params: u64 = gguf.tensors().map(|t| t.n_elements).sum();
     let quant = md
         .get_u64("general.file_type")
         .ok()
@@ -782,13 +783,12 @@ async fn pull(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
     };
     let insecure = f.bool("insecure")?.unwrap_or(false);
     let stream = f.bool("stream")?.unwrap_or(true);
-    let Some(store) = s
-        .registry
-        .store()
-        .map(|st| llamay_hub::Store::at(st.root()))
-    else {
+    let Some(root) = s.registry.store().map(|st| st.root().to_path_buf()) else {
         return Err(ApiError::bad("this server has no model store"));
     };
+    // Opened for writing only now: a server that never pulls makes no directories.
+    let store = llamay_hub::Store::open(&root)
+        .map_err(|e| ApiError::internal(format!("the model store: {e}")))?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
     tokio::task::spawn_blocking(move || {
         let _ = tx.send(json!({"status": "pulling manifest"}));

@@ -99,6 +99,19 @@ fn common(body: &Map<String, Value>, default_max: usize) -> std::result::Result<
     })
 }
 
+/// llama-server's extensions: `grammar` (GBNF) and `json_schema` at the top level.
+fn extension_grammar(
+    body: &Map<String, Value>,
+) -> std::result::Result<Option<Arc<llamay_engine::grammar::Rules>>, ApiError> {
+    let f = Fields::top(body);
+    if let Some(g) = f.str("grammar")?.filter(|g| !g.is_empty()) {
+        return llamay_engine::grammar::Rules::gbnf(g)
+            .map(Some)
+            .map_err(|e| ApiError::field("grammar", e));
+    }
+    generate::grammar_of_format("json_schema", body.get("json_schema"))
+}
+
 fn usage(s: &Summary) -> Value {
     json!({
         "prompt_tokens": s.prompt_tokens,
@@ -179,7 +192,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
         Some(_) => return Err(ApiError::field("tools", "must be a list").into()),
     };
     let grammar = match body.get("response_format") {
-        None | Some(Value::Null) => None,
+        None | Some(Value::Null) => extension_grammar(&body)?,
         Some(rf) => match rf.get("type").and_then(Value::as_str) {
             Some("text") => None,
             Some("json_object") => Some(llamay_engine::grammar::Rules::json()),
@@ -236,7 +249,8 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let mut pending_lp: Vec<Value> = Vec::new();
     let mut n_calls = 0usize;
     let mut first = true;
-    let include_usage = c.include_usage;
+    // A whole (non-streamed) answer always carries its usage.
+    let include_usage = c.include_usage || !c.stream;
     let mut sent_role = false;
     let convert = move |_: &mut (), ev: Option<Event>| -> Out {
         let chunk = |delta: Value, finish: Value, lp: Option<Vec<Value>>| {
@@ -471,7 +485,7 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
         params: c.params,
         max_tokens: c.max_tokens,
         stop: c.stop,
-        grammar: None,
+        grammar: extension_grammar(&body)?,
         logprobs,
         n_ctx: None,
         render_special: false,
@@ -482,7 +496,8 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
     let name = c.name.clone();
     let st = s.clone();
     let m2 = model.clone();
-    let include_usage = c.include_usage;
+    // A whole (non-streamed) answer always carries its usage.
+    let include_usage = c.include_usage || !c.stream;
     let mut first = true;
     let convert = move |_: &mut (), ev: Option<Event>| -> Out {
         let chunk = |text: &str, finish: Value, lp: Value| {

@@ -12,9 +12,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-/// Ollama's default keep-alive.
-pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(300);
-
 /// A model given with `-m`.
 #[derive(Clone, Debug)]
 pub struct Served {
@@ -31,32 +28,35 @@ pub struct Loaded {
     pub format: Option<ChatFormat>,
     pub size: u64,
     pub load_duration: Duration,
-    /// When the keep-alive of the latest request runs out (`None`: never).
-    expires: Mutex<Option<Instant>>,
-    expires_wall: Mutex<Option<SystemTime>>,
+    /// The latest request's keep-alive (`None`: forever), and when the model was last
+    /// busy: it unloads once idle for that long.
+    keep: Mutex<(Option<Duration>, Instant, SystemTime)>,
     /// The name it was first loaded under (for `/api/ps`).
     pub name: String,
 }
 
 impl Loaded {
-    /// A request asked to keep the model for `keep` (`None`: forever) from now.
+    /// A request asked to keep the model for `keep` (`None`: forever) after it is idle.
     pub fn keep_for(&self, keep: Option<Duration>) {
-        let (now, wall) = (Instant::now(), SystemTime::now());
-        *self.expires.lock().unwrap_or_else(|e| e.into_inner()) = keep.map(|k| now + k);
-        *self.expires_wall.lock().unwrap_or_else(|e| e.into_inner()) = keep.map(|k| wall + k);
+        *self.keep.lock().unwrap_or_else(|e| e.into_inner()) =
+            (keep, Instant::now(), SystemTime::now());
     }
 
     pub fn expires_at(&self) -> Option<SystemTime> {
-        *self.expires_wall.lock().unwrap_or_else(|e| e.into_inner())
+        let (keep, _, wall) = *self.keep.lock().unwrap_or_else(|e| e.into_inner());
+        keep.map(|k| wall + k)
     }
 
+    /// Whether it is idle and its keep-alive has run out; a busy model's clock starts
+    /// again (the keep-alive counts from the end of the last request).
     fn expired(&self, now: Instant) -> bool {
-        self.scheduler.idle()
-            && self
-                .expires
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_some_and(|t| now >= t)
+        let mut k = self.keep.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.scheduler.idle() {
+            k.1 = now;
+            k.2 = SystemTime::now();
+            return false;
+        }
+        k.0.is_some_and(|keep| now.duration_since(k.1) >= keep)
     }
 }
 
@@ -69,15 +69,20 @@ pub enum ModelError {
     Load { name: String, why: String },
 }
 
+/// A file's loaded model, if any; its lock is held while it loads.
+type LoadSlot = Arc<tokio::sync::Mutex<Option<Arc<Loaded>>>>;
+
 pub struct Registry {
     served: RwLock<Vec<Served>>,
     store: Option<Store>,
     /// Loaded models by file; the async lock serialises a file's loading.
-    loaded: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<Option<Arc<Loaded>>>>>>,
+    loaded: Mutex<HashMap<PathBuf, LoadSlot>>,
     /// Files being loaded (`/health` answers 503 while any is).
     loading: std::sync::atomic::AtomicUsize,
     engine: EngineConfig,
     chat_template: Option<String>,
+    /// `--keep-alive`: for requests that give none.
+    keep_alive: Option<Duration>,
 }
 
 /// `X:latest` and `X` are one name, as Ollama treats them.
@@ -92,6 +97,7 @@ impl Registry {
         store: Option<Store>,
         engine: EngineConfig,
         chat_template: Option<String>,
+        keep_alive: Option<Duration>,
     ) -> Self {
         Registry {
             served: RwLock::new(served),
@@ -100,7 +106,21 @@ impl Registry {
             loading: 0.into(),
             engine,
             chat_template,
+            keep_alive,
         }
+    }
+
+    /// The keep-alive of requests that give none.
+    pub fn default_keep_alive(&self) -> Option<Duration> {
+        self.keep_alive
+    }
+
+    /// The names given with `-m` (what `--preload` loads).
+    pub fn served(&self) -> Vec<String> {
+        (self.served.read().unwrap_or_else(|e| e.into_inner()))
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
     }
 
     pub fn engine(&self) -> EngineConfig {
@@ -113,6 +133,16 @@ impl Registry {
 
     pub fn is_loading(&self) -> bool {
         self.loading.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    /// `--preload` under way: counts as a load from before the first model starts.
+    pub fn preloading(&self, on: bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if on {
+            self.loading.fetch_add(1, SeqCst);
+        } else {
+            self.loading.fetch_sub(1, SeqCst);
+        }
     }
 
     /// The file a name stands for.
@@ -196,9 +226,11 @@ impl Registry {
         let engine = self.engine;
         let template = self.chat_template.clone();
         let (p, n) = (path.clone(), name.to_string());
-        let loaded = tokio::task::spawn_blocking(move || load(&p, &n, engine, template.as_deref()))
-            .await
-            .unwrap_or_else(|e| Err(format!("the loader stopped: {e}")));
+        let keep = self.keep_alive;
+        let loaded =
+            tokio::task::spawn_blocking(move || load(&p, &n, engine, template.as_deref(), keep))
+                .await
+                .unwrap_or_else(|e| Err(format!("the loader stopped: {e}")));
         self.loading
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         let loaded = Arc::new(loaded.map_err(|why| ModelError::Load {
@@ -282,6 +314,7 @@ fn load(
     name: &str,
     engine: EngineConfig,
     chat_template: Option<&str>,
+    keep_alive: Option<Duration>,
 ) -> Result<Loaded, String> {
     let t0 = Instant::now();
     let mapped = llamay_gguf::MappedModel::open(path).map_err(|e| e.to_string())?;
@@ -311,11 +344,9 @@ fn load(
         format,
         size,
         load_duration: t0.elapsed(),
-        expires: Mutex::new(None),
-        expires_wall: Mutex::new(None),
+        keep: Mutex::new((keep_alive, Instant::now(), SystemTime::now())),
         name: name.to_string(),
     };
-    l.keep_for(Some(DEFAULT_KEEP_ALIVE));
     Ok(l)
 }
 

@@ -32,6 +32,13 @@ use tokio::sync::mpsc::UnboundedSender;
 /// prefill holds the running sequences up).
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Finished sequences kept for their prefixes (at least; four per slot where more).
+const MAX_IDLE: usize = 16;
+
+/// The shortest shared prefix worth a fork (a lone BOS is not), unless it is the
+/// whole prompt but its last token.
+const MIN_REUSE: usize = 16;
+
 /// One request for the engine.
 pub struct Job {
     /// The whole prompt, BOS included; at least one token.
@@ -338,14 +345,14 @@ impl<'m, 't> Engine<'m, 't> {
         }
     }
 
-    /// Keeps a finished sequence for prefix reuse (the oldest go first when the pool
-    /// needs room, and beyond `parallel` of them).
+    /// Keeps a finished sequence for prefix reuse. The least recently used go first
+    /// when the pool needs room for running requests, and beyond [`MAX_IDLE`].
     fn retire(&mut self, seq: SeqId) {
         self.idle.push(Idle {
             seq,
             used: Instant::now(),
         });
-        if self.idle.len() > self.config.parallel {
+        if self.idle.len() > MAX_IDLE.max(4 * self.config.parallel) {
             self.evict_one();
         }
     }
@@ -367,7 +374,8 @@ impl<'m, 't> Engine<'m, 't> {
             self.gauges.waiting.fetch_sub(1, Ordering::SeqCst);
             match self.start(job) {
                 Ok(slot) => self.slots.push(slot),
-                Err((job, why)) => {
+                Err(refused) => {
+                    let (job, why) = *refused;
                     let _ = job.events.send(Event::Failed(why));
                     self.finish_job();
                 }
@@ -375,23 +383,23 @@ impl<'m, 't> Engine<'m, 't> {
         }
     }
 
-    fn start(&mut self, job: Job) -> Result<Slot<'t>, (Job, String)> {
+    fn start(&mut self, job: Job) -> Result<Slot<'t>, Box<(Job, String)>> {
         let n_ctx = job.n_ctx.min(self.config.n_ctx);
         if job.prompt.is_empty() {
-            return Err((job, "the prompt has no tokens".into()));
+            return Err(Box::new((job, "the prompt has no tokens".into())));
         }
         if job.prompt.len() >= n_ctx {
             let why = format!(
                 "the prompt has {} tokens and the context holds {n_ctx}: shorten it or raise num_ctx / --ctx-size",
                 job.prompt.len()
             );
-            return Err((job, why));
+            return Err(Box::new((job, why)));
         }
         let constraint = match &job.grammar {
             None => None,
             Some(rules) => match self.trie() {
                 Ok(trie) => Some(Constraint::new(rules.clone(), trie)),
-                Err(why) => return Err((job, why)),
+                Err(why) => return Err(Box::new((job, why))),
             },
         };
         let (seq, cached) = self.reuse_prefix(&job.prompt);
@@ -438,7 +446,7 @@ impl<'m, 't> Engine<'m, 't> {
             .filter_map(|(i, s)| {
                 let held = self.ctx.kv().tokens(s.seq).ok()?;
                 let n = common_prefix(held, prompt).min(prompt.len() - 1);
-                (n > 0).then_some((n, i))
+                (n >= MIN_REUSE || (n > 0 && n == prompt.len() - 1)).then_some((n, i))
             })
             .collect();
         candidates.sort_by(|a, b| b.cmp(a));
@@ -520,7 +528,7 @@ impl<'m, 't> Engine<'m, 't> {
                 done.push((i, finish));
             }
         }
-        done.sort_by(|a, b| b.0.cmp(&a.0));
+        done.sort_by_key(|d| std::cmp::Reverse(d.0));
         for (i, finish) in done {
             let s = self.slots.swap_remove(i);
             self.complete(s, finish);

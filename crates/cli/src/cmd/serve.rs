@@ -47,6 +47,13 @@ pub struct Args {
     /// Chat template (built-in name or Jinja file) for files that carry none.
     #[arg(long, value_name = "NAME|FILE")]
     chat_template: Option<String>,
+    /// How long an idle model stays loaded (Ollama's OLLAMA_KEEP_ALIVE): 5m, 1h, 300,
+    /// 0 (unload when done), -1 (forever). Requests may give their own.
+    #[arg(long, default_value = "5m", allow_hyphen_values = true)]
+    keep_alive: String,
+    /// Load every -m model at start (/health answers 503 until they are loaded).
+    #[arg(long)]
+    preload: bool,
     /// Seconds SIGTERM waits for running requests before exiting.
     #[arg(long, default_value_t = 30, value_name = "SECS")]
     drain_timeout: u64,
@@ -176,6 +183,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         chat_template: args.chat_template.clone(),
         store: Some(llamay_hub::Store::default_root()),
         shutdown_grace: Duration::from_secs(args.drain_timeout),
+        keep_alive: llamay_server::params::keep_alive(Some(&serde_json::Value::String(
+            args.keep_alive.clone(),
+        )))
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "--keep-alive {}: give a duration such as 5m, 1h30m, 300 (seconds), 0 or -1 (forever)",
+                args.keep_alive
+            )
+        })?
+        .flatten(),
+        preload: args.preload,
     };
     llamay_server::run(config)
 }

@@ -1,0 +1,1007 @@
+//! `llamay serve` as users meet it: the real server started on 127.0.0.1:0 with the
+//! real Gemma 3 270M file, driven by the official `ollama` and `openai` Python clients
+//! (tests/serve/clients.py; scripts/test installs them into a venv and sets
+//! LLAMAY_PYTHON), raw HTTP for every hostile request, a real Prometheus scraping
+//! `/metrics`, and nginx serving a model for `/api/pull`.
+//!
+//! Needs the model: `LLAMAY_GEMMA=$(scripts/fetch-models)` (scripts/test sets it).
+
+mod common;
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn gemma() -> Option<PathBuf> {
+    llamay_synth::reference::path("LLAMAY_GEMMA", "LLAMAY_GEMMA=$(scripts/fetch-models)")
+}
+
+/// A running `llamay serve`, killed on drop.
+struct Serve {
+    child: Child,
+    base: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Serve {
+    fn start(args: &[&str]) -> Serve {
+        Self::start_env(args, &[])
+    }
+
+    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
+        let store = std::env::temp_dir().join(format!("llamay-serve-store-{}", std::process::id()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_llamay"));
+        cmd.arg("serve")
+            .args(["--port", "0", "-t", "2"])
+            .args(args)
+            .env("LLAMAY_MODELS", &store)
+            .env_remove("LLAMAY_HOST")
+            .env_remove("LLAMAY_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start llamay serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let l = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("llamay serve: listening on ") {
+                    let _ = tx.send(addr.to_string());
+                }
+                l.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let base = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("llamay serve did not start: {}", log.lock().unwrap()));
+        Serve { child, base, log }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = client().post(self.url(path)).json(body).send().unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    }
+
+    /// A gauge's value from `/metrics`.
+    fn gauge(&self, name: &str) -> f64 {
+        let text = client()
+            .get(self.url("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    fn wait_gauge(&self, name: &str, want: f64, within: Duration) -> Duration {
+        let t = Instant::now();
+        loop {
+            if self.gauge(name) == want {
+                return t.elapsed();
+            }
+            assert!(
+                t.elapsed() < within,
+                "{name} still {} after {within:?} (want {want})",
+                self.gauge(name)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
+}
+
+fn greedy(prompt: &str, n: u32) -> Value {
+    json!({"model": "gemma", "prompt": prompt, "raw": true, "stream": false,
+           "options": {"temperature": 0, "num_predict": n}})
+}
+
+fn python() -> Option<PathBuf> {
+    llamay_synth::reference::path(
+        "LLAMAY_PYTHON",
+        "a Python with the ollama and openai packages (scripts/test makes one)",
+    )
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name)
+}
+
+#[test]
+fn the_official_ollama_and_openai_clients_work_unmodified() {
+    let (Some(g), Some(py)) = (gemma(), python()) else {
+        return;
+    };
+    let template = std::fs::read_to_string(data("data/serve/llama3-tools.jinja")).unwrap();
+    let tools = common::with_template(&g, "serve-tools", &template);
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma3:270m",
+        "-m",
+        tools.to_str().unwrap(),
+        "--alias",
+        "tools",
+        "--chat-template",
+        "gemma",
+    ]);
+    for group in ["ollama", "openai", "tools"] {
+        let out = Command::new(&py)
+            .arg(data("serve/clients.py"))
+            .args([&s.base, group])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        print!("{stdout}");
+        assert!(
+            out.status.success(),
+            "clients.py {group} failed:\n{stdout}\n{}\nserver log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            s.log.lock().unwrap()
+        );
+    }
+    let _ = std::fs::remove_file(tools);
+}
+
+#[test]
+fn hostile_requests_get_named_errors() {
+    let Some(g) = gemma() else { return };
+    let s = Serve::start(&["-m", g.to_str().unwrap(), "--alias", "gemma", "-c", "256"]);
+    let c = client();
+    // DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends its own Host.
+    for (host, want) in [
+        ("evil.example", 403),
+        ("localhost.evil.example:11434", 403),
+        ("localhost", 200),
+        ("127.0.0.1:11434", 200),
+        ("[::1]:80", 200),
+    ] {
+        let r = c
+            .get(s.url("/api/version"))
+            .header("host", host)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want, "Host: {host}");
+    }
+    // Malformed JSON and non-objects.
+    let r = c
+        .post(s.url("/api/generate"))
+        .body("{\"model\": ")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().unwrap();
+    assert!(
+        v["error"].as_str().unwrap().contains("not valid JSON"),
+        "{v}"
+    );
+    let r = c
+        .post(s.url("/v1/chat/completions"))
+        .body("[1]")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("JSON object"),
+        "{v}"
+    );
+    // Every range check names its field.
+    let cases = [
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "options": {"num_predict": -3}}),
+            "num_predict",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "options": {"top_k": -1}}),
+            "top_k",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "options": {"top_p": 1.5}}),
+            "top_p",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "options": {"temperature": "hot"}}),
+            "temperature",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "options": {"num_ctx": 0}}),
+            "num_ctx",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "options": {"num_ctx": 100000}}),
+            "num_ctx",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "options": {"seed": "x"}}),
+            "seed",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "options": {"num_keep": -5}}),
+            "num_keep",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "keep_alive": "soon"}),
+            "keep_alive",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": "x", "format": "xml"}),
+            "format",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": 5}),
+            "prompt",
+        ),
+        ("/api/generate", json!({"prompt": "x"}), "model"),
+        (
+            "/api/chat",
+            json!({"model": "gemma", "messages": [{"content": "x"}]}),
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gemma", "messages": [{"role": "user", "content": "x"}], "max_tokens": -2}),
+            "max_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gemma", "messages": [{"role": "user", "content": "x"}], "temperature": "warm"}),
+            "temperature",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gemma", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 99, "logprobs": true}),
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gemma", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "gemma", "prompt": [1, 2, 262144]}),
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "gemma", "prompt": [-1]}),
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "gemma", "prompt": "x", "n": 3}),
+            "n",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let (status, v) = s.post(path, &body);
+        assert_eq!(status, 400, "{path} {body}: {v}");
+        let msg = if path.starts_with("/v1/") {
+            v["error"]["message"].as_str().unwrap_or("").to_string()
+        } else {
+            v["error"].as_str().unwrap_or("").to_string()
+        };
+        assert!(
+            msg.contains(field),
+            "{path} {body}: the error does not name {field}: {v}"
+        );
+    }
+    // Unknown models: 404 on both APIs, in each API's shape.
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"model": "gemma:7b", "prompt": "x"}),
+    );
+    assert_eq!((st, v["error"].is_string()), (404, true), "{v}");
+    let (st, v) = s.post(
+        "/v1/chat/completions",
+        &json!({"model": "other", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(
+        (st, v["error"]["type"].as_str()),
+        (404, Some("not_found_error")),
+        "{v}"
+    );
+    // A prompt longer than the context: an error saying so, never a silent cut.
+    let long = "word ".repeat(400);
+    let (st, v) = s.post("/api/generate", &greedy(&long, 4));
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("context holds 256"),
+        "{v}"
+    );
+    // A num_predict beyond the context is not refused: generation stops at its end.
+    let (st, v) = s.post("/api/generate", &greedy("Once upon a time", 1_000_000));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["done_reason"], "length");
+    // 256 positions decoded; the last token is sampled from position 255's logits and
+    // needs no position of its own.
+    let total = v["prompt_eval_count"].as_u64().unwrap() + v["eval_count"].as_u64().unwrap();
+    assert_eq!(total, 257, "{v}");
+    // Bodies over 32 MiB: 413, whether the length is announced or streamed.
+    let big = vec![b' '; 33_554_433];
+    let r = c.post(s.url("/api/chat")).body(big.clone()).send().unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let chunks = big
+        .chunks(1 << 20)
+        .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
+        .collect::<Vec<_>>();
+    let r = c
+        .post(s.url("/api/chat"))
+        .body(reqwest::blocking::Body::new(IterRead::new(chunks)))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let (st, _) = s.post("/api/generate", &greedy("just under the limit", 1));
+    assert_eq!(st, 200);
+    // Push and create: refused by name.
+    for p in ["/api/push", "/api/create"] {
+        let (st, v) = s.post(p, &json!({"model": "gemma"}));
+        assert_eq!(st, 501, "{p}");
+        assert!(v["error"].as_str().unwrap().contains(&p[5..]), "{v}");
+    }
+    // CORS: localhost origins only.
+    let r = c
+        .get(s.url("/api/tags"))
+        .header("origin", "http://localhost:3000")
+        .send()
+        .unwrap();
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
+    let r = c
+        .get(s.url("/api/tags"))
+        .header("origin", "https://evil.example")
+        .send()
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+}
+
+/// A streamed request body (no Content-Length).
+struct IterRead {
+    chunks: std::vec::IntoIter<Result<Vec<u8>, std::io::Error>>,
+    cur: std::io::Cursor<Vec<u8>>,
+}
+
+impl IterRead {
+    fn new(chunks: Vec<Result<Vec<u8>, std::io::Error>>) -> Self {
+        IterRead {
+            chunks: chunks.into_iter(),
+            cur: std::io::Cursor::new(Vec::new()),
+        }
+    }
+}
+
+impl Read for IterRead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let n = self.cur.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            match self.chunks.next() {
+                Some(c) => self.cur = std::io::Cursor::new(c?),
+                None => return Ok(0),
+            }
+        }
+    }
+}
+
+#[test]
+fn an_api_key_guards_every_route_but_health_and_cors_origins_can_be_added() {
+    let Some(g) = gemma() else { return };
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--api-key",
+        "s3cret",
+        "--cors-origin",
+        "https://app.example",
+    ]);
+    let c = client();
+    let get = |path: &str, h: Option<(&str, &str)>| {
+        let mut r = c.get(s.url(path));
+        if let Some((k, v)) = h {
+            r = r.header(k, v);
+        }
+        r.send().unwrap().status().as_u16()
+    };
+    assert_eq!(get("/health", None), 200);
+    assert_eq!(get("/api/tags", None), 401);
+    assert_eq!(
+        get("/v1/models", Some(("authorization", "Bearer wrong"))),
+        401
+    );
+    assert_eq!(
+        get("/v1/models", Some(("authorization", "Bearer s3cret!"))),
+        401
+    );
+    assert_eq!(
+        get("/v1/models", Some(("authorization", "Bearer s3cret"))),
+        200
+    );
+    assert_eq!(get("/api/tags", Some(("x-api-key", "s3cret"))), 200);
+    // The gateway's scraper sends no key.
+    assert_eq!(get("/metrics", None), 200);
+    let r = c
+        .get(s.url("/api/tags"))
+        .header("x-api-key", "s3cret")
+        .header("origin", "https://app.example")
+        .send()
+        .unwrap();
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+}
+
+/// Reads one NDJSON line of a streaming response.
+fn line(r: &mut BufReader<reqwest::blocking::Response>) -> Value {
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l:?}"))
+}
+
+fn stream(s: &Serve, prompt: &str, n: i64) -> BufReader<reqwest::blocking::Response> {
+    let r = client()
+        .post(s.url("/api/generate"))
+        .json(&json!({"model": "gemma", "prompt": prompt, "raw": true,
+                      "options": {"temperature": 0, "num_predict": n}}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    BufReader::new(r)
+}
+
+#[test]
+fn a_dropped_stream_frees_its_slot_within_one_step() {
+    let Some(g) = gemma() else { return };
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--parallel",
+        "1",
+    ]);
+    for path in ["/api/generate", "/v1/completions"] {
+        let body = if path == "/api/generate" {
+            json!({"model": "gemma", "prompt": "Tell me a long story.", "raw": true, "options": {"num_predict": 100000}})
+        } else {
+            json!({"model": "gemma", "prompt": "Tell me a long story.", "max_tokens": -1, "stream": true})
+        };
+        let r = client().post(s.url(path)).json(&body).send().unwrap();
+        let mut r = BufReader::new(r);
+        let mut first = String::new();
+        r.read_line(&mut first).unwrap();
+        assert!(!first.is_empty());
+        assert_eq!(s.gauge("vllm:num_requests_running"), 1.0);
+        assert!(s.gauge("vllm:kv_cache_usage_perc") > 0.0);
+        drop(r);
+        let t = s.wait_gauge("vllm:num_requests_running", 0.0, Duration::from_secs(2));
+        eprintln!("{path}: slot freed {t:?} after the disconnect");
+        assert_eq!(s.gauge("vllm:kv_cache_usage_perc"), 0.0);
+        // The one slot serves the next request at once.
+        let (st, v) = s.post("/api/generate", &greedy("Hello", 3));
+        assert_eq!((st, v["eval_count"].as_u64()), (200, Some(3)), "{v}");
+    }
+}
+
+#[test]
+fn beyond_parallel_and_queue_requests_get_503_with_retry_after() {
+    let Some(g) = gemma() else { return };
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--parallel",
+        "1",
+        "--queue",
+        "1",
+    ]);
+    let mut running = stream(&s, "Tell me a long story.", 100000);
+    line(&mut running);
+    // The second waits in the queue (its headers come back; no token yet).
+    let waiting = stream(&s, "Another long story.", 5);
+    s.wait_gauge("vllm:num_requests_waiting", 1.0, Duration::from_secs(2));
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"model": "gemma", "prompt": "x", "max_tokens": 2}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let v: Value = r.json().unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("busy"),
+        "{v}"
+    );
+    drop(running);
+    // The queued request runs once the slot is free.
+    let mut waiting = waiting;
+    let mut last = line(&mut waiting);
+    while last["done"] != true {
+        last = line(&mut waiting);
+    }
+    assert_eq!(last["eval_count"], 5);
+    let text = client()
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(text.contains("llamay_requests_rejected_total 1"), "{text}");
+}
+
+/// Greedy (and seeded) answers are the same bits whatever runs beside them.
+#[test]
+fn six_concurrent_requests_each_equal_the_same_request_alone() {
+    let Some(g) = gemma() else { return };
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--parallel",
+        "4",
+        "--chat-template",
+        "gemma",
+    ]);
+    let long = "The history of the city, told in many parts. ".repeat(70);
+    let requests: Vec<Value> = vec![
+        greedy("The capital of France is", 40),
+        greedy("Once upon a time, in a land far away,", 48),
+        greedy(&long, 24),
+        json!({"model": "gemma", "prompt": "A poem about rain:", "raw": true, "stream": false,
+               "options": {"temperature": 0.9, "seed": 1234, "num_predict": 40}}),
+        greedy("def fibonacci(n):", 40),
+        json!({"model": "gemma", "messages": [{"role": "user", "content": "Hi there"}], "stream": false,
+               "options": {"temperature": 0, "num_predict": 32}}),
+    ];
+    let text = |v: &Value| {
+        v.get("response")
+            .or(v.get("message").and_then(|m| m.get("content")))
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("{v}"))
+            .to_string()
+    };
+    let path = |r: &Value| {
+        if r.get("messages").is_some() {
+            "/api/chat"
+        } else {
+            "/api/generate"
+        }
+    };
+    // Alone, one after another, on a fresh server (nothing cached yet).
+    let alone: Vec<String> = requests
+        .iter()
+        .map(|r| {
+            let (st, v) = s.post(path(r), r);
+            assert_eq!(st, 200, "{v}");
+            text(&v)
+        })
+        .collect();
+    // All six at once (four decode together, two wait; the long prompt is prefilled in
+    // chunks beside the others' decoding, and every prompt now shares a cached prefix).
+    for round in 0..2 {
+        let handles: Vec<_> = requests
+            .iter()
+            .cloned()
+            .map(|r| {
+                let url = s.url(path(&r));
+                std::thread::spawn(move || {
+                    let v: Value = client().post(url).json(&r).send().unwrap().json().unwrap();
+                    v
+                })
+            })
+            .collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            let v = h.join().unwrap();
+            assert_eq!(
+                text(&v),
+                alone[i],
+                "round {round}, request {i} changed when batched: {v}"
+            );
+            if round == 0 && i == 2 {
+                assert!(
+                    v["prompt_eval_count"].as_u64().unwrap() > 512,
+                    "the long prompt must span chunks"
+                );
+            }
+        }
+    }
+    let cached = s.gauge("llamay_prompt_tokens_cached_total");
+    assert!(
+        cached > 1000.0,
+        "the batched rounds reused cached prefixes ({cached})"
+    );
+}
+
+#[test]
+fn health_loading_keep_alive_and_ps() {
+    let Some(g) = gemma() else { return };
+    let s = Serve::start(&["-m", g.to_str().unwrap(), "--alias", "gemma"]);
+    let c = client();
+    assert_eq!(
+        c.get(s.url("/health")).send().unwrap().status().as_u16(),
+        200
+    );
+    // A request loads the model; meanwhile /health says so.
+    let url = s.url("/api/generate");
+    let h = std::thread::spawn(move || {
+        client()
+            .post(url)
+            .json(&greedy("Hi", 2))
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    let t = Instant::now();
+    let mut saw_loading = false;
+    while t.elapsed() < Duration::from_secs(20) && !h.is_finished() {
+        if c.get(s.url("/health")).send().unwrap().status().as_u16() == 503 {
+            saw_loading = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(h.join().unwrap(), 200);
+    assert!(
+        saw_loading,
+        "/health never answered 503 while the model loaded"
+    );
+    assert_eq!(
+        c.get(s.url("/health")).send().unwrap().status().as_u16(),
+        200
+    );
+    let ps: Value = c.get(s.url("/api/ps")).send().unwrap().json().unwrap();
+    assert_eq!(ps["models"][0]["name"], "gemma", "{ps}");
+    let exp = ps["models"][0]["expires_at"].as_str().unwrap();
+    assert!(
+        exp.len() >= 20 && exp.ends_with('Z') && exp.as_bytes()[10] == b'T',
+        "{exp}"
+    );
+    // keep_alive 0: unloaded once the request is done.
+    let mut r = greedy("Hi", 2);
+    r["keep_alive"] = json!(0);
+    let (st, _) = s.post("/api/generate", &r);
+    assert_eq!(st, 200);
+    let t = Instant::now();
+    loop {
+        let ps: Value = c.get(s.url("/api/ps")).send().unwrap().json().unwrap();
+        if ps["models"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "keep_alive 0 did not unload: {ps}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // And it loads again on the next request.
+    let (st, v) = s.post("/api/generate", &greedy("Hi", 2));
+    assert_eq!((st, v["eval_count"].as_u64()), (200, Some(2)));
+}
+
+#[test]
+fn sigterm_drains_running_requests_then_exits() {
+    let Some(g) = gemma() else { return };
+    let mut s = Serve::start(&["-m", g.to_str().unwrap(), "--alias", "gemma"]);
+    let mut r = stream(&s, "Count with me: one, two,", 40);
+    let first = line(&mut r);
+    assert_eq!(first["done"], false);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc_kill(s.child.id() as i32, 15) }, 0);
+    let mut n = 1;
+    let mut last = first;
+    while last["done"] != true {
+        last = line(&mut r);
+        n += 1;
+    }
+    assert_eq!(
+        last["eval_count"], 40,
+        "the running request was cut: {last}"
+    );
+    assert!(n > 30);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}: {}", s.log.lock().unwrap());
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Prometheus as the gateway's scraper would run it: the gauges it stores move under
+/// load, and the exposition parses.
+#[test]
+fn prometheus_scrapes_the_gauges_under_load() {
+    let Some(g) = gemma() else { return };
+    let prom = ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("prometheus is not installed (scripts/test installs it: scripts/apt-ensure)");
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--parallel",
+        "4",
+    ]);
+    let dir = std::env::temp_dir().join(format!("llamay-prom-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = s.base.trim_start_matches("http://");
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 200ms\nscrape_configs:\n  - job_name: llamay\n    static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut p = Command::new(prom)
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill<'a>(&'a mut Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _p = Kill(&mut p);
+    let query = |q: &str| -> Value {
+        client()
+            .get(format!("http://127.0.0.1:{port}/api/v1/query"))
+            .query(&[("query", q)])
+            .send()
+            .ok()
+            .and_then(|r| r.json().ok())
+            .unwrap_or(Value::Null)
+    };
+    let t = Instant::now();
+    while query("up")["data"]["result"][0]["value"][1] != "1" {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "prometheus never scraped llamay: {}",
+            query("up")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Load: four streams decoding together for a few seconds.
+    let loads: Vec<_> = (0..4)
+        .map(|i| {
+            let url = s.url("/api/generate");
+            std::thread::spawn(move || {
+                client()
+                    .post(url)
+                    .json(&greedy(&format!("Story number {i}:"), 120))
+                    .send()
+                    .unwrap()
+                    .text()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for l in loads {
+        l.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    let max = |m: &str| -> f64 {
+        let v = query(&format!("max_over_time({m}[1m])"));
+        v["data"]["result"][0]["value"][1]
+            .as_str()
+            .unwrap_or_else(|| panic!("{m}: {v}"))
+            .parse()
+            .unwrap()
+    };
+    let running = max("vllm:num_requests_running");
+    let kv = max("vllm:kv_cache_usage_perc");
+    eprintln!("prometheus saw running {running}, kv usage {kv}");
+    assert!(running >= 2.0, "running gauge never rose: {running}");
+    assert!(kv > 0.0 && kv <= 1.0, "kv usage: {kv}");
+    let now_running = query("vllm:num_requests_running")["data"]["result"][0]["value"][1].clone();
+    assert_eq!(now_running, "0");
+    let info = query("vllm:cache_config_info");
+    assert!(
+        info["data"]["result"][0]["metric"]["block_size"]
+            .as_str()
+            .is_some(),
+        "{info}"
+    );
+    let generated =
+        query("llamay_generation_tokens_total")["data"]["result"][0]["value"][1].clone();
+    assert_eq!(generated.as_str().unwrap().parse::<f64>().unwrap(), 480.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn api_pull_streams_progress_and_the_pulled_model_serves() {
+    let Some(_) = gemma() else { return };
+    let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("nginx is not installed (scripts/test installs it)");
+    let dir = std::env::temp_dir().join(format!("llamay-serve-pull-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("www")).unwrap();
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    std::fs::copy(
+        common::fixture("llama-Q8_0.gguf"),
+        dir.join("www/tiny.gguf"),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let d = dir.display();
+    std::fs::write(
+        dir.join("nginx.conf"),
+        format!(
+            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\nevents {{}}\nhttp {{ client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp; uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp; access_log off;\n  server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n"
+        ),
+    )
+    .unwrap();
+    let mut ng = Command::new(nginx)
+        .args([
+            "-p",
+            &d.to_string(),
+            "-e",
+            &format!("{d}/error.log"),
+            "-c",
+            &format!("{d}/nginx.conf"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "nginx did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let store = dir.join("store");
+    let s = Serve::start_env(&[], &[("LLAMAY_MODELS", store.to_str().unwrap())]);
+    let url = format!("http://127.0.0.1:{port}/tiny.gguf");
+    let r = client()
+        .post(s.url("/api/pull"))
+        .json(&json!({"model": url, "insecure": true}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let lines: Vec<Value> = r
+        .text()
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let statuses: Vec<&str> = lines.iter().filter_map(|l| l["status"].as_str()).collect();
+    assert_eq!(statuses.first(), Some(&"pulling manifest"), "{lines:?}");
+    assert_eq!(statuses.last(), Some(&"success"), "{lines:?}");
+    let size = std::fs::metadata(dir.join("www/tiny.gguf")).unwrap().len();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["completed"] == size && l["total"] == size),
+        "no progress line reached the whole size: {lines:?}"
+    );
+    // The pulled model is listed and answers.
+    let tags: Value = client()
+        .get(s.url("/api/tags"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let name = tags["models"][0]["name"].as_str().unwrap().to_string();
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"model": name, "prompt": "hi", "raw": true, "stream": false, "options": {"num_predict": 3}}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["eval_count"], 3);
+    // A bad reference: the error arrives in the stream, named.
+    let r = client()
+        .post(s.url("/api/pull"))
+        .json(&json!({"model": format!("http://127.0.0.1:{port}/missing.gguf"), "insecure": true}))
+        .send()
+        .unwrap();
+    let text = r.text().unwrap();
+    assert!(text.lines().last().unwrap().contains("\"error\""), "{text}");
+    // Delete removes it from the store.
+    let r = client()
+        .delete(s.url("/api/delete"))
+        .json(&json!({"model": name}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let tags: Value = client()
+        .get(s.url("/api/tags"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(tags["models"].as_array().unwrap().is_empty(), "{tags}");
+    let _ = ng.kill();
+    let _ = ng.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

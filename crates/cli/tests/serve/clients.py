@@ -1,0 +1,282 @@
+"""The official `ollama` and `openai` Python clients against a running `llamay serve`.
+
+usage: clients.py BASE_URL GROUP      (GROUP: ollama | openai | tools)
+
+The server serves the Gemma 3 270M file as `gemma3:270m` (built-in gemma template)
+and, as `tools`, a copy whose template is tests/data/serve/llama3-tools.jinja.
+Every check prints `ok NAME`; a failed assertion exits non-zero with its traceback.
+"""
+
+import json
+import sys
+
+import httpx
+
+BASE = sys.argv[1]
+GROUP = sys.argv[2]
+MODEL = "gemma3:270m"
+GREEDY = {"temperature": 0, "seed": 7, "num_predict": 24}
+
+
+def ok(name):
+    print("ok", name, flush=True)
+
+
+def ollama_checks():
+    import ollama
+
+    c = ollama.Client(host=BASE)
+
+    names = [m.model for m in c.list().models]
+    assert MODEL in names and "tools" in names, names
+    ok("list names the aliases exactly, tags included")
+
+    info = c.show(MODEL)
+    assert info.modelinfo["general.architecture"] == "gemma3", info.modelinfo
+    assert info.details.format == "gguf" and info.details.quantization_level == "Q4_K_M", info.details
+    assert info.template and "start_of_turn" in info.template
+    ok("show reports model_info, details and the template")
+
+    whole = c.generate(model=MODEL, prompt="The capital of France is", raw=True, options=GREEDY)
+    assert whole.done and whole.done_reason in ("stop", "length"), whole
+    assert whole.eval_count >= 1 and whole.prompt_eval_count >= 1
+    for d in (whole.total_duration, whole.prompt_eval_duration, whole.eval_duration, whole.load_duration):
+        assert isinstance(d, int), d
+    assert whole.context and len(whole.context) == whole.prompt_eval_count + whole.eval_count, (
+        len(whole.context), whole.prompt_eval_count, whole.eval_count)
+    pieces = list(c.generate(model=MODEL, prompt="The capital of France is", raw=True, options=GREEDY, stream=True))
+    text = "".join(p.response for p in pieces)
+    assert text == whole.response, (text, whole.response)
+    assert pieces[-1].done and not any(p.done for p in pieces[:-1])
+    # Token by token: every token but those that end inside a character has its own line.
+    assert len(pieces) - 1 >= whole.eval_count - 2, (len(pieces), whole.eval_count)
+    ok("generate: streamed pieces concatenate to the whole answer, token by token")
+
+    templated = c.generate(model=MODEL, prompt="Name a colour.", options=GREEDY)
+    assert templated.prompt_eval_count > whole.prompt_eval_count, "the chat template was not applied"
+    ok("generate applies the chat template unless raw")
+
+    msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
+    whole = c.chat(model=MODEL, messages=msgs, options=GREEDY)
+    assert whole.message.role == "assistant" and whole.message.content
+    streamed = "".join(p.message.content for p in c.chat(model=MODEL, messages=msgs, options=GREEDY, stream=True))
+    assert streamed == whole.message.content, (streamed, whole.message.content)
+    ok("chat: streamed equals whole")
+
+    limited = c.generate(model=MODEL, prompt="Once upon a time", raw=True, options={"temperature": 0, "num_predict": 5})
+    assert limited.eval_count == 5 and limited.done_reason == "length", limited
+    stopped = c.generate(model=MODEL, prompt="1, 2, 3, 4,", raw=True,
+                         options={"temperature": 0, "num_predict": 40, "stop": [" 7"]})
+    assert " 7" not in stopped.response and stopped.done_reason == "stop", stopped.response
+    ok("num_predict and stop")
+
+    seeded = [c.generate(model=MODEL, prompt="A story:", raw=True,
+                         options={"temperature": 1.0, "seed": 42, "num_predict": 16}).response for _ in range(2)]
+    assert seeded[0] == seeded[1], seeded
+    ok("a seed makes sampling repeatable")
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    r = c.generate(model=MODEL, prompt="A person, as JSON:", format=schema, options={"temperature": 0, "num_predict": 80})
+    v = json.loads(r.response)
+    assert isinstance(v["name"], str) and isinstance(v["age"], int), v
+    few_shot = 'Input: a=1\nJSON: {"a": 1}\nInput: b=2\nJSON: {"b": 2}\nInput: c=3\nJSON: '
+    r = c.generate(model=MODEL, prompt=few_shot, raw=True, format="json", options={"temperature": 0, "num_predict": 100})
+    assert r.done_reason == "stop", r
+    json.loads(r.response)
+    ok("structured output: a schema and format json")
+
+    ps = c.ps()
+    assert [m.model for m in ps.models] and ps.models[0].expires_at is not None, ps
+    ok("ps lists the loaded model")
+
+    c.copy(MODEL, "mine:copy")
+    assert "mine:copy" in [m.model for m in c.list().models]
+    r = c.generate(model="mine:copy", prompt="The capital of France is", raw=True, options=GREEDY)
+    assert r.response == whole_generate_text(c), "the copy answers as its source"
+    c.delete("mine:copy")
+    assert "mine:copy" not in [m.model for m in c.list().models]
+    try:
+        c.generate(model="mine:copy", prompt="x")
+        raise AssertionError("a deleted name still answers")
+    except ollama.ResponseError as e:
+        assert e.status_code == 404, e
+    ok("copy, then delete")
+
+    for bad in ("gemma3:999m", "nope"):
+        try:
+            c.chat(model=bad, messages=msgs)
+            raise AssertionError(f"{bad} answered")
+        except ollama.ResponseError as e:
+            assert e.status_code == 404 and bad in str(e), e
+    ok("unknown models are 404")
+
+    try:
+        c.embed(model=MODEL, input="hello")
+        raise AssertionError("embed answered")
+    except ollama.ResponseError as e:
+        assert e.status_code == 501 and "embedding" in str(e), e
+    ok("embed is refused by name")
+
+    try:
+        c.generate(model=MODEL, prompt="x", images=["aGVsbG8="])
+        raise AssertionError("an image was accepted")
+    except ollama.ResponseError as e:
+        assert e.status_code == 400 and "image" in str(e), e
+    ok("images are refused by name")
+
+    v = httpx.get(BASE + "/api/version").json()
+    assert v["version"], v
+    ok("version")
+
+
+def whole_generate_text(c):
+    return c.generate(model=MODEL, prompt="The capital of France is", raw=True, options=GREEDY).response
+
+
+def openai_checks():
+    import openai
+
+    c = openai.OpenAI(base_url=BASE + "/v1", api_key="unused")
+    ids = [m.id for m in c.models.list()]
+    assert MODEL in ids and "tools" in ids, ids
+    ok("models")
+
+    msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
+    args = dict(model=MODEL, messages=msgs, temperature=0, seed=7, max_tokens=24)
+    whole = c.chat.completions.create(**args)
+    ch = whole.choices[0]
+    assert ch.message.role == "assistant" and ch.message.content and ch.finish_reason in ("stop", "length")
+    chunks = list(c.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    text = "".join(k.choices[0].delta.content or "" for k in chunks if k.choices)
+    assert text == ch.message.content, (text, ch.message.content)
+    assert chunks[-1].usage is not None and not chunks[-1].choices
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # prompt_tokens counts every prompt token, BOS included, also when the prefix came
+    # from the cache (this third request reuses the first's).
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert whole.usage.prompt_tokens == count_tokens(msgs), (whole.usage.prompt_tokens, count_tokens(msgs))
+    ok("chat completions: streamed equals whole; include_usage; prompt_tokens")
+
+    r = c.chat.completions.create(**args, logprobs=True, top_logprobs=3)
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == r.usage.completion_tokens
+    for t in lp:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        # Greedy: the chosen token is the likeliest.
+        assert abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5, t
+    ok("logprobs and top_logprobs")
+
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 16}}, "required": ["colour"],
+              "additionalProperties": False}
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A colour?"}], temperature=0,
+                                  max_tokens=60,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    v = json.loads(r.choices[0].message.content)
+    assert set(v) == {"colour"} and isinstance(v["colour"], str), v
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "JSON?"}], temperature=0,
+                                  max_tokens=60, response_format={"type": "json_object"})
+    json.loads(r.choices[0].message.content)
+    ok("response_format json_schema and json_object")
+
+    r = c.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=12)
+    assert r.choices[0].text and r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
+    toks = httpx.post(BASE + "/api/generate", json={"model": MODEL, "prompt": "The capital of France is", "raw": True, "stream": False,
+                                                     "options": {"num_predict": 1}}).json()["context"][:-1]
+    r2 = c.completions.create(model=MODEL, prompt=toks, temperature=0, max_tokens=12)
+    assert r2.choices[0].text == r.choices[0].text, (r2.choices[0].text, r.choices[0].text)
+    assert r2.usage.prompt_tokens == len(toks) == r.usage.prompt_tokens
+    streamed = "".join(k.choices[0].text for k in c.completions.create(
+        model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=12, stream=True))
+    assert streamed == r.choices[0].text
+    ok("completions: text and token-id prompts agree; streaming")
+
+    try:
+        c.chat.completions.create(**args, n=2)
+        raise AssertionError("n=2 accepted")
+    except openai.BadRequestError as e:
+        assert "n" in str(e)
+    try:
+        c.completions.create(model=MODEL, prompt=[10**9], max_tokens=2)
+        raise AssertionError("a token id outside the vocabulary was accepted")
+    except openai.BadRequestError as e:
+        assert "vocabulary" in str(e), e
+    try:
+        c.chat.completions.create(model="nope", messages=msgs)
+        raise AssertionError("unknown model answered")
+    except openai.NotFoundError:
+        pass
+    ok("errors: n > 1, token ids outside the vocabulary, unknown model")
+
+    for enc in ("float", "base64"):
+        try:
+            c.embeddings.create(model=MODEL, input="hello", encoding_format=enc)
+            raise AssertionError("embeddings answered")
+        except openai.APIStatusError as e:
+            assert e.status_code == 501 and "embedding" in str(e), e
+    ok("embeddings refused by name")
+
+
+def count_tokens(msgs):
+    """The prompt's token count, by the server's own rendering: /api/generate raw with
+    the gemma template's text, BOS included."""
+    text = "".join(f"<start_of_turn>{m['role']}\n{m['content']}<end_of_turn>\n" for m in msgs) + "<start_of_turn>model\n"
+    r = httpx.post(BASE + "/api/generate", json={"model": MODEL, "prompt": text, "raw": True, "stream": False,
+                                                 "options": {"num_predict": 1}}).json()
+    return r["prompt_eval_count"]
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CALL = {"type": "object", "properties": {"name": {"const": "get_weather"}, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}},
+    "required": ["name", "parameters"]}
+
+
+def conversation():
+    return [
+        {"role": "user", "content": "What is the weather in Rome?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny in Rome."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+
+
+def tools_checks():
+    import ollama
+    import openai
+
+    c = ollama.Client(host=BASE)
+    r = c.chat(model="tools", messages=conversation(), tools=WEATHER, format=CALL,
+               options={"temperature": 0, "num_predict": 60})
+    calls = r.message.tool_calls
+    assert calls and calls[0].function.name == "get_weather", r.message
+    assert isinstance(calls[0].function.arguments["city"], str), calls
+    ok("ollama chat with tools: the call comes back parsed")
+
+    o = openai.OpenAI(base_url=BASE + "/v1", api_key="unused")
+    msgs = conversation()
+    msgs[1] = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]}
+    msgs[2] = {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    r = o.chat.completions.create(model="tools", messages=msgs, tools=WEATHER, temperature=0, max_tokens=60,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": CALL}})
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    call = ch.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    chunks = list(o.chat.completions.create(model="tools", messages=msgs, tools=WEATHER, temperature=0, max_tokens=60,
+                                            stream=True, response_format={"type": "json_schema",
+                                                                          "json_schema": {"name": "call", "schema": CALL}}))
+    streamed = [tc for k in chunks if k.choices for tc in (k.choices[0].delta.tool_calls or [])]
+    assert streamed and streamed[0].function.name == "get_weather", chunks
+    assert json.loads(streamed[0].function.arguments) == json.loads(call.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    ok("openai chat with tools: tool_calls and finish_reason, streamed and not")
+
+
+{"ollama": ollama_checks, "openai": openai_checks, "tools": tools_checks}[GROUP]()
