@@ -139,7 +139,7 @@ fn data(name: &str) -> PathBuf {
 }
 
 #[test]
-fn the_official_ollama_and_openai_clients_work_unmodified() {
+fn serve_the_official_ollama_and_openai_clients_work_unmodified() {
     let (Some(g), Some(py)) = (gemma(), python()) else {
         return;
     };
@@ -176,7 +176,7 @@ fn the_official_ollama_and_openai_clients_work_unmodified() {
 }
 
 #[test]
-fn hostile_requests_get_named_errors() {
+fn serve_hostile_requests_get_named_errors() {
     let Some(g) = gemma() else { return };
     let s = Serve::start(&["-m", g.to_str().unwrap(), "--alias", "gemma", "-c", "256"]);
     let c = client();
@@ -435,7 +435,7 @@ impl Read for IterRead {
 }
 
 #[test]
-fn an_api_key_guards_every_route_but_health_and_cors_origins_can_be_added() {
+fn serve_an_api_key_guards_every_route_but_health_and_cors_origins_can_be_added() {
     let Some(g) = gemma() else { return };
     let s = Serve::start(&[
         "-m",
@@ -503,7 +503,7 @@ fn stream(s: &Serve, prompt: &str, n: i64) -> BufReader<reqwest::blocking::Respo
 }
 
 #[test]
-fn a_dropped_stream_frees_its_slot_within_one_step() {
+fn serve_a_dropped_stream_frees_its_slot_within_one_step() {
     let Some(g) = gemma() else { return };
     let s = Serve::start(&[
         "-m",
@@ -537,7 +537,7 @@ fn a_dropped_stream_frees_its_slot_within_one_step() {
 }
 
 #[test]
-fn beyond_parallel_and_queue_requests_get_503_with_retry_after() {
+fn serve_beyond_parallel_and_queue_requests_get_503_with_retry_after() {
     let Some(g) = gemma() else { return };
     let s = Serve::start(&[
         "-m",
@@ -585,7 +585,7 @@ fn beyond_parallel_and_queue_requests_get_503_with_retry_after() {
 
 /// Greedy (and seeded) answers are the same bits whatever runs beside them.
 #[test]
-fn six_concurrent_requests_each_equal_the_same_request_alone() {
+fn serve_six_concurrent_requests_each_equal_the_same_request_alone() {
     let Some(g) = gemma() else { return };
     let s = Serve::start(&[
         "-m",
@@ -668,7 +668,7 @@ fn six_concurrent_requests_each_equal_the_same_request_alone() {
 }
 
 #[test]
-fn health_loading_keep_alive_and_ps() {
+fn serve_health_loading_keep_alive_and_ps() {
     let Some(g) = gemma() else { return };
     let s = Serve::start(&["-m", g.to_str().unwrap(), "--alias", "gemma"]);
     let c = client();
@@ -735,7 +735,7 @@ fn health_loading_keep_alive_and_ps() {
 }
 
 #[test]
-fn sigterm_drains_running_requests_then_exits() {
+fn serve_sigterm_drains_running_requests_then_exits() {
     let Some(g) = gemma() else { return };
     let mut s = Serve::start(&["-m", g.to_str().unwrap(), "--alias", "gemma"]);
     let mut r = stream(&s, "Count with me: one, two,", 40);
@@ -776,7 +776,7 @@ unsafe extern "C" {
 /// Prometheus as the gateway's scraper would run it: the gauges it stores move under
 /// load, and the exposition parses.
 #[test]
-fn prometheus_scrapes_the_gauges_under_load() {
+fn serve_prometheus_scrapes_the_gauges_under_load() {
     let Some(g) = gemma() else { return };
     let prom = ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
         .into_iter()
@@ -894,7 +894,7 @@ fn prometheus_scrapes_the_gauges_under_load() {
 }
 
 #[test]
-fn api_pull_streams_progress_and_the_pulled_model_serves() {
+fn serve_api_pull_streams_progress_and_the_pulled_model_serves() {
     let Some(_) = gemma() else { return };
     let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
         .into_iter()

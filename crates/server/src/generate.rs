@@ -24,6 +24,8 @@ pub struct Generation {
     /// Most positions (`num_ctx`); `None`: the server's `--ctx-size`.
     pub n_ctx: Option<usize>,
     pub render_special: bool,
+    /// Generate past end-of-generation tokens (llama-server's `ignore_eos`; benchmarks).
+    pub ignore_eos: bool,
 }
 
 /// A chat prompt: its tokens and how the model's answer will be marked up.
@@ -93,7 +95,7 @@ pub fn submit(model: &Loaded, g: Generation) -> Result<UnboundedReceiver<Event>,
         stop: g.stop,
         grammar: g.grammar,
         logprobs: g.logprobs,
-        ignore_eos: false,
+        ignore_eos: g.ignore_eos,
         render_special: g.render_special,
         n_ctx,
         events: tx,

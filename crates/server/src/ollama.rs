@@ -295,6 +295,7 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
         logprobs: None,
         n_ctx: opts.n_ctx,
         render_special: false,
+        ignore_eos: false,
     };
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let st = s.clone();
@@ -485,6 +486,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
         logprobs: None,
         n_ctx: opts.n_ctx,
         render_special: true,
+        ignore_eos: false,
     };
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let st = s.clone();

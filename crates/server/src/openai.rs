@@ -50,6 +50,7 @@ struct Common {
     stop: Vec<String>,
     stream: bool,
     include_usage: bool,
+    ignore_eos: bool,
 }
 
 fn common(body: &Map<String, Value>, default_max: usize) -> std::result::Result<Common, ApiError> {
@@ -96,6 +97,7 @@ fn common(body: &Map<String, Value>, default_max: usize) -> std::result::Result<
         stop: f.strings("stop")?,
         stream: f.bool("stream")?.unwrap_or(false),
         include_usage: so.bool("include_usage")?.unwrap_or(false),
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
     })
 }
 
@@ -238,6 +240,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
         logprobs,
         n_ctx: None,
         render_special: true,
+        ignore_eos: c.ignore_eos,
     };
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let id = new_id("chatcmpl");
@@ -489,6 +492,7 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
         logprobs,
         n_ctx: None,
         render_special: false,
+        ignore_eos: c.ignore_eos,
     };
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let id = new_id("cmpl");
