@@ -55,6 +55,9 @@ fn dependency_boundaries_hold() {
                 "llamay-template",
                 "llamay-tokenizer",
                 "minijinja",
+                "llamay-server",
+                "axum",
+                "tokio",
             ],
         ),
         (
@@ -64,9 +67,15 @@ fn dependency_boundaries_hold() {
                 "llamay-kernels",
                 "llamay-tokenizer",
                 "llamay-template",
+                "llamay-server",
             ],
         ),
-        ("template", &["llamay-engine", "llamay-hub", "reqwest"]),
+        (
+            "template",
+            &["llamay-engine", "llamay-hub", "reqwest", "llamay-server"],
+        ),
+        // The server fetches through the hub, never with an HTTP client of its own.
+        ("server", &["reqwest", "llamay-kernels", "llamay-cli"]),
         (
             "formats",
             &["llamay-engine", "llamay-gguf", "llamay-tokenizer"],
@@ -80,12 +89,34 @@ fn dependency_boundaries_hold() {
     // The reader sees real dependencies (or the rules below check nothing).
     assert!(deps("engine").contains(&"llamay-kernels".to_string()));
     assert!(deps("hub").contains(&"reqwest".to_string()));
+    assert!(deps("server").contains(&"axum".to_string()));
     for (krate, bad) in forbidden {
         let d = deps(krate);
         for b in *bad {
             assert!(
                 !d.iter().any(|x| x == b),
                 "crates/{krate} must not depend on {b}"
+            );
+        }
+    }
+}
+
+/// Design invariant 6: the server computes on its engine threads only — no other module
+/// of crates/server calls the engine's `decode` or a sampler.
+#[test]
+fn only_the_scheduler_decodes_and_samples() {
+    let dir = root().join("crates/server/src");
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name == "scheduler.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        for bad in [".decode(", "Sampler::new", ".sample(", "sample_constrained"] {
+            assert!(
+                !text.contains(bad),
+                "crates/server/src/{name} calls {bad}: computation belongs on the engine thread (scheduler.rs)"
             );
         }
     }

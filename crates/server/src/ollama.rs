@@ -13,11 +13,12 @@ use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use llamay_engine::grammar::Rules;
 use llamay_engine::sample::SamplerParams;
 use llamay_template::Message;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -74,7 +75,7 @@ fn model_name(f: &Fields<'_>) -> Result<String, ApiError> {
 }
 
 /// `options` (and the sampling defaults Ollama uses) → the engine's settings.
-struct Options {
+pub struct Options {
     params: SamplerParams,
     max_tokens: usize,
     stop: Vec<String>,
@@ -120,11 +121,8 @@ fn options(body: &Map<String, Value>) -> Result<Options, ApiError> {
 }
 
 /// The request's keep-alive, or the server's; every request restarts the clock.
-fn keep_alive(state: &AppState, model: &Loaded, body: &Map<String, Value>) -> Result<(), ApiError> {
-    let k = params::keep_alive(body.get("keep_alive"))?
-        .unwrap_or_else(|| state.registry.default_keep_alive());
-    model.keep_for(k);
-    Ok(())
+fn keep_alive(state: &AppState, model: &Loaded, asked: Option<Option<Duration>>) {
+    model.keep_for(asked.unwrap_or_else(|| state.registry.default_keep_alive()));
 }
 
 /// The closing fields every final object carries.
@@ -192,41 +190,133 @@ fn refuse_images(body: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A checked `/api/generate` body: every field read and range-checked before a model
+/// is touched (the `server_request` fuzz target runs this on arbitrary JSON).
+pub struct GenerateRequest {
+    name: String,
+    prompt: String,
+    raw: bool,
+    stream: bool,
+    opts: Options,
+    grammar: Option<Arc<Rules>>,
+    context: Vec<u32>,
+    system: Option<String>,
+    template: Option<String>,
+    keep_alive: Option<Option<Duration>>,
+}
+
+impl GenerateRequest {
+    pub fn parse(body: &Map<String, Value>) -> Result<Self, ApiError> {
+        let f = Fields::top(body);
+        let name = model_name(&f)?;
+        refuse_images(body)?;
+        if f.str("suffix")?.is_some_and(|x| !x.is_empty()) {
+            return Err(ApiError::field(
+                "suffix",
+                "fill-in-the-middle is not supported by llamay's chat templates; send the whole prompt with raw: true",
+            ));
+        }
+        let bad_context = || ApiError::field("context", "must be a list of token ids");
+        let context: Vec<u32> = match body.get("context") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
+                .collect::<Option<_>>()
+                .ok_or_else(bad_context)?,
+            Some(_) => return Err(bad_context()),
+        };
+        Ok(GenerateRequest {
+            prompt: f.str("prompt")?.unwrap_or("").to_string(),
+            raw: f.bool("raw")?.unwrap_or(false),
+            stream: f.bool("stream")?.unwrap_or(true),
+            opts: options(body)?,
+            grammar: generate::grammar_of_format("format", body.get("format"))?,
+            context,
+            system: f.str("system")?.map(str::to_string),
+            template: f.str("template")?.map(str::to_string),
+            keep_alive: params::keep_alive(body.get("keep_alive"))?,
+            name,
+        })
+    }
+}
+
+/// A checked `/api/chat` body.
+pub struct ChatRequest {
+    name: String,
+    stream: bool,
+    opts: Options,
+    grammar: Option<Arc<Rules>>,
+    messages: Vec<Message>,
+    tools: Option<Value>,
+    kwargs: Map<String, Value>,
+    keep_alive: Option<Option<Duration>>,
+}
+
+impl ChatRequest {
+    pub fn parse(body: &Map<String, Value>) -> Result<Self, ApiError> {
+        let f = Fields::top(body);
+        let name = model_name(&f)?;
+        let messages = match body.get("messages") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => Message::list_from_json(v).map_err(|e| ApiError::field("messages", e))?,
+        };
+        let tools = match body.get("tools") {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::Array(a)) if !a.is_empty() => Some(v.clone()),
+            Some(Value::Array(_)) => None,
+            Some(_) => return Err(ApiError::field("tools", "must be a list")),
+        };
+        let mut kwargs = Map::new();
+        match body.get("think") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => {
+                kwargs.insert("enable_thinking".into(), (*b).into());
+            }
+            Some(Value::String(level)) if matches!(level.as_str(), "low" | "medium" | "high") => {
+                kwargs.insert("enable_thinking".into(), true.into());
+                kwargs.insert("reasoning_effort".into(), level.clone().into());
+            }
+            Some(_) => {
+                return Err(ApiError::field(
+                    "think",
+                    "must be true, false, \"low\", \"medium\" or \"high\"",
+                ));
+            }
+        }
+        Ok(ChatRequest {
+            name,
+            stream: f.bool("stream")?.unwrap_or(true),
+            opts: options(body)?,
+            grammar: generate::grammar_of_format("format", body.get("format"))?,
+            messages,
+            tools,
+            kwargs,
+            keep_alive: params::keep_alive(body.get("keep_alive"))?,
+        })
+    }
+}
+
 async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response, ApiError> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
-    let f = Fields::top(&body);
-    let name = model_name(&f)?;
-    refuse_images(&body)?;
-    let prompt = f.str("prompt")?.unwrap_or("");
-    let raw = f.bool("raw")?.unwrap_or(false);
-    let stream = f.bool("stream")?.unwrap_or(true);
-    let opts = options(&body)?;
-    let grammar = generate::grammar_of_format("format", body.get("format"))?;
-    if f.str("suffix")?.is_some_and(|x| !x.is_empty()) {
-        return Err(ApiError::field(
-            "suffix",
-            "fill-in-the-middle is not supported by llamay's chat templates; send the whole prompt with raw: true",
-        ));
-    }
-    let context: Vec<u32> = match body.get("context") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| {
-                v.as_u64()
-                    .filter(|&t| t <= u32::MAX as u64)
-                    .map(|t| t as u32)
-            })
-            .collect::<Option<_>>()
-            .ok_or_else(|| ApiError::field("context", "must be a list of token ids"))?,
-        Some(_) => return Err(ApiError::field("context", "must be a list of token ids")),
-    };
+    let GenerateRequest {
+        name,
+        prompt,
+        raw,
+        stream,
+        opts,
+        grammar,
+        context,
+        system,
+        template,
+        keep_alive: keep,
+    } = GenerateRequest::parse(&body)?;
     let (model, load) = model_for(&s, &name).await?;
-    keep_alive(&s, &model, &body)?;
+    keep_alive(&s, &model, keep);
     if prompt.is_empty() && context.is_empty() {
         // Ollama's way to load a model (or, with keep_alive 0, to unload it).
-        if body.get("keep_alive").is_some_and(|k| k == 0 || k == "0") {
+        if keep == Some(Some(Duration::ZERO)) {
             s.registry.unload(&model.path);
         }
         let mut m = Map::new();
@@ -237,8 +327,6 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
         m.insert("done_reason".into(), "load".into());
         return Ok(axum::Json(Value::Object(m)).into_response());
     }
-    let system = f.str("system")?;
-    let template = f.str("template")?;
     let tokens = if raw {
         let add_bos = context.is_empty();
         let mut t = context.clone();
@@ -246,12 +334,12 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
         t
     } else {
         let mut msgs = Vec::new();
-        if let Some(sys) = system {
+        if let Some(sys) = &system {
             msgs.push(Message::new("system", sys));
         }
-        msgs.push(Message::new("user", prompt));
+        msgs.push(Message::new("user", &prompt));
         let own;
-        let format = match template {
+        let format = match template.as_deref() {
             Some(src) if !src.is_empty() => {
                 own = llamay_template::ChatFormat::from_source(src, &model.tok).map_err(|e| {
                     ApiError::field(
@@ -277,9 +365,9 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
             }
             // No template: the prompt as it is (Ollama's `{{ .Prompt }}`).
             None => {
-                let text = match system {
+                let text = match &system {
                     Some(sys) => format!("{sys}\n\n{prompt}"),
-                    None => prompt.to_string(),
+                    None => prompt.clone(),
                 };
                 t.extend(model.tok.encode(text.as_bytes(), context.is_empty(), true));
             }
@@ -431,42 +519,20 @@ fn tool_calls_json(calls: &[llamay_template::ToolCall]) -> Value {
 async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, ApiError> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
-    let f = Fields::top(&body);
-    let name = model_name(&f)?;
-    let stream = f.bool("stream")?.unwrap_or(true);
-    let opts = options(&body)?;
-    let grammar = generate::grammar_of_format("format", body.get("format"))?;
-    let messages = match body.get("messages") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(v) => Message::list_from_json(v).map_err(|e| ApiError::field("messages", e))?,
-    };
-    let tools = match body.get("tools") {
-        None | Some(Value::Null) => None,
-        Some(v @ Value::Array(a)) if !a.is_empty() => Some(v.clone()),
-        Some(Value::Array(_)) => None,
-        Some(_) => return Err(ApiError::field("tools", "must be a list")),
-    };
-    let mut kwargs = Map::new();
-    match body.get("think") {
-        None | Some(Value::Null) => {}
-        Some(Value::Bool(b)) => {
-            kwargs.insert("enable_thinking".into(), (*b).into());
-        }
-        Some(Value::String(level)) if matches!(level.as_str(), "low" | "medium" | "high") => {
-            kwargs.insert("enable_thinking".into(), true.into());
-            kwargs.insert("reasoning_effort".into(), level.clone().into());
-        }
-        Some(_) => {
-            return Err(ApiError::field(
-                "think",
-                "must be true, false, \"low\", \"medium\" or \"high\"",
-            ));
-        }
-    }
+    let ChatRequest {
+        name,
+        stream,
+        opts,
+        grammar,
+        messages,
+        tools,
+        kwargs,
+        keep_alive: keep,
+    } = ChatRequest::parse(&body)?;
     let (model, load) = model_for(&s, &name).await?;
-    keep_alive(&s, &model, &body)?;
+    keep_alive(&s, &model, keep);
     if messages.is_empty() {
-        if body.get("keep_alive").is_some_and(|k| k == 0 || k == "0") {
+        if keep == Some(Some(Duration::ZERO)) {
             s.registry.unload(&model.path);
         }
         return Ok(axum::Json(json!({
@@ -726,6 +792,17 @@ async fn show(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
             .as_deref()
             .and_then(|n| llamay_template::builtin::get(n).map(|(_, src)| src.to_string()))
     });
+    // As Ollama derives them: tools when the template takes them, thinking when it has
+    // reasoning markup.
+    let mut capabilities = vec!["completion"];
+    if let Some(t) = &template {
+        if t.contains("tools") {
+            capabilities.push("tools");
+        }
+        if t.contains("<think>") || t.contains("enable_thinking") || t.contains("<|channel|>") {
+            capabilities.push("thinking");
+        }
+    }
     let e = s.registry.engine();
     let parameters = format!("num_ctx {}", e.n_ctx);
     let mut modelfile = format!(
@@ -741,7 +818,7 @@ async fn show(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
         "template": template.unwrap_or_default(),
         "details": det,
         "model_info": info,
-        "capabilities": ["completion"],
+        "capabilities": capabilities,
         "modified_at": rfc3339(std::fs::metadata(&path).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH)),
     }))
     .into_response())

@@ -43,7 +43,7 @@ fn new_id(prefix: &str) -> String {
 }
 
 /// The sampling fields both completion routes take.
-struct Common {
+pub struct Common {
     name: String,
     params: SamplerParams,
     max_tokens: usize,
@@ -167,68 +167,103 @@ fn tool_calls_json(calls: &[ToolCall], from: usize) -> Value {
     )
 }
 
+/// A checked `/v1/chat/completions` body: every field read and range-checked before a
+/// model is touched (the `server_request` fuzz target runs this on arbitrary JSON).
+pub struct ChatRequest {
+    c: Common,
+    messages: Vec<Message>,
+    tools: Option<Value>,
+    grammar: Option<Arc<llamay_engine::grammar::Rules>>,
+    logprobs: Option<usize>,
+    kwargs: Map<String, Value>,
+}
+
+impl ChatRequest {
+    pub fn parse(body: &Map<String, Value>) -> std::result::Result<Self, ApiError> {
+        let c = common(body, usize::MAX)?;
+        let f = Fields::top(body);
+        let messages = Message::list_from_json(body.get("messages").unwrap_or(&Value::Null))
+            .map_err(|e| ApiError::field("messages", e))?;
+        if messages.is_empty() {
+            return Err(ApiError::field(
+                "messages",
+                "must hold at least one message",
+            ));
+        }
+        let tool_choice = match body.get("tool_choice") {
+            None | Some(Value::Null) => "auto",
+            Some(Value::String(t)) if matches!(t.as_str(), "auto" | "none") => t.as_str(),
+            Some(_) => {
+                return Err(ApiError::field(
+                    "tool_choice",
+                    "llamay supports \"auto\" and \"none\"; forcing a tool (\"required\" or a named function) is not supported",
+                ));
+            }
+        };
+        let tools = match body.get("tools") {
+            Some(v @ Value::Array(a)) if !a.is_empty() && tool_choice != "none" => Some(v.clone()),
+            None | Some(Value::Null) | Some(Value::Array(_)) => None,
+            Some(_) => return Err(ApiError::field("tools", "must be a list")),
+        };
+        let grammar = match body.get("response_format") {
+            None | Some(Value::Null) => extension_grammar(body)?,
+            Some(rf) => match rf.get("type").and_then(Value::as_str) {
+                Some("text") => None,
+                Some("json_object") => Some(llamay_engine::grammar::Rules::json()),
+                Some("json_schema") => {
+                    let schema = rf
+                        .get("json_schema")
+                        .and_then(|j| j.get("schema"))
+                        .ok_or_else(|| {
+                            ApiError::field("response_format.json_schema.schema", "is required")
+                        })?;
+                    generate::grammar_of_format("response_format.json_schema.schema", Some(schema))?
+                }
+                _ => {
+                    return Err(ApiError::field(
+                        "response_format.type",
+                        "must be \"text\", \"json_object\" or \"json_schema\"",
+                    ));
+                }
+            },
+        };
+        let logprobs = if f.bool("logprobs")?.unwrap_or(false) {
+            Some(f.int("top_logprobs", 0, 20)?.unwrap_or(0) as usize)
+        } else {
+            None
+        };
+        let mut kwargs = match body.get("chat_template_kwargs") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(_) => {
+                return Err(ApiError::field("chat_template_kwargs", "must be an object"));
+            }
+        };
+        if let Some(e) = f.str("reasoning_effort")? {
+            kwargs.insert("reasoning_effort".into(), e.into());
+        }
+        Ok(ChatRequest {
+            c,
+            messages,
+            tools,
+            grammar,
+            logprobs,
+            kwargs,
+        })
+    }
+}
+
 async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
-    let c = common(&body, usize::MAX)?;
-    let f = Fields::top(&body);
-    let messages = Message::list_from_json(body.get("messages").unwrap_or(&Value::Null))
-        .map_err(|e| ApiError::field("messages", e))?;
-    if messages.is_empty() {
-        return Err(ApiError::field("messages", "must hold at least one message").into());
-    }
-    let tool_choice = match body.get("tool_choice") {
-        None | Some(Value::Null) => "auto",
-        Some(Value::String(t)) if matches!(t.as_str(), "auto" | "none") => t.as_str(),
-        Some(_) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                "llamay supports \"auto\" and \"none\"; forcing a tool (\"required\" or a named function) is not supported",
-            )
-            .into());
-        }
-    };
-    let tools = match body.get("tools") {
-        Some(v @ Value::Array(a)) if !a.is_empty() && tool_choice != "none" => Some(v.clone()),
-        None | Some(Value::Null) | Some(Value::Array(_)) => None,
-        Some(_) => return Err(ApiError::field("tools", "must be a list").into()),
-    };
-    let grammar = match body.get("response_format") {
-        None | Some(Value::Null) => extension_grammar(&body)?,
-        Some(rf) => match rf.get("type").and_then(Value::as_str) {
-            Some("text") => None,
-            Some("json_object") => Some(llamay_engine::grammar::Rules::json()),
-            Some("json_schema") => {
-                let schema = rf
-                    .get("json_schema")
-                    .and_then(|j| j.get("schema"))
-                    .ok_or_else(|| {
-                        ApiError::field("response_format.json_schema.schema", "is required")
-                    })?;
-                generate::grammar_of_format("response_format.json_schema.schema", Some(schema))?
-            }
-            _ => {
-                return Err(ApiError::field(
-                    "response_format.type",
-                    "must be \"text\", \"json_object\" or \"json_schema\"",
-                )
-                .into());
-            }
-        },
-    };
-    let logprobs = if f.bool("logprobs")?.unwrap_or(false) {
-        Some(f.int("top_logprobs", 0, 20)?.unwrap_or(0) as usize)
-    } else {
-        None
-    };
-    let mut kwargs = match body.get("chat_template_kwargs") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => return Err(ApiError::field("chat_template_kwargs", "must be an object").into()),
-    };
-    if let Some(e) = f.str("reasoning_effort")? {
-        kwargs.insert("reasoning_effort".into(), e.into());
-    }
+    let ChatRequest {
+        c,
+        messages,
+        tools,
+        grammar,
+        logprobs,
+        kwargs,
+    } = ChatRequest::parse(&body)?;
     let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
     let prompt = generate::chat_prompt(&model, &c.name, &messages, tools, kwargs)?;
     let g = Generation {
@@ -432,26 +467,25 @@ async fn collect<S: Default>(
     Ok(chunks)
 }
 
-/// A completion's prompt: text, token ids, or a one-element list of either.
-fn prompt_tokens(model: &Loaded, v: Option<&Value>) -> std::result::Result<Vec<u32>, ApiError> {
-    let ids = |a: &[Value]| -> std::result::Result<Vec<u32>, ApiError> {
-        a.iter()
-            .map(|t| match t.as_i64() {
-                Some(id) if id >= 0 && (id as usize) < model.tok.n_vocab() => Ok(id as u32),
-                _ => Err(ApiError::field(
-                    "prompt",
-                    format!(
-                        "token id {t} is outside the vocabulary [0, {})",
-                        model.tok.n_vocab()
-                    ),
-                )),
-            })
-            .collect()
-    };
+/// A completion's prompt: text or token ids (a one-element list of either is taken).
+pub enum PromptInput {
+    Text(String),
+    Ids(Vec<i64>),
+}
+
+fn prompt_input(v: Option<&Value>) -> std::result::Result<PromptInput, ApiError> {
     match v {
-        Some(Value::String(s)) => Ok(model.tok.encode(s.as_bytes(), true, true)),
-        Some(Value::Array(a)) if a.iter().all(Value::is_number) && !a.is_empty() => ids(a),
-        Some(Value::Array(a)) if a.len() == 1 => prompt_tokens(model, a.first()),
+        Some(Value::String(s)) => Ok(PromptInput::Text(s.clone())),
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => a
+            .iter()
+            .map(|t| {
+                t.as_i64().ok_or_else(|| {
+                    ApiError::field("prompt", format!("token id {t} is not an integer"))
+                })
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map(PromptInput::Ids),
+        Some(Value::Array(a)) if a.len() == 1 => prompt_input(a.first()),
         Some(Value::Array(a)) if a.len() > 1 => Err(ApiError::field(
             "prompt",
             "llamay completes one prompt per request; send the prompts as separate requests",
@@ -463,32 +497,83 @@ fn prompt_tokens(model: &Loaded, v: Option<&Value>) -> std::result::Result<Vec<u
     }
 }
 
+/// The prompt's tokens: text encoded with BOS, or ids checked against the vocabulary.
+fn prompt_tokens(model: &Loaded, p: &PromptInput) -> std::result::Result<Vec<u32>, ApiError> {
+    let n_vocab = model.tok.n_vocab();
+    match p {
+        PromptInput::Text(s) => Ok(model.tok.encode(s.as_bytes(), true, true)),
+        PromptInput::Ids(ids) => ids
+            .iter()
+            .map(|&id| match usize::try_from(id) {
+                Ok(u) if u < n_vocab => Ok(u as u32),
+                _ => Err(ApiError::field(
+                    "prompt",
+                    format!("token id {id} is outside the vocabulary [0, {n_vocab})"),
+                )),
+            })
+            .collect(),
+    }
+}
+
+/// A checked `/v1/completions` body.
+pub struct CompletionRequest {
+    c: Common,
+    prompt: PromptInput,
+    logprobs: Option<usize>,
+    grammar: Option<Arc<llamay_engine::grammar::Rules>>,
+}
+
+impl CompletionRequest {
+    pub fn parse(body: &Map<String, Value>) -> std::result::Result<Self, ApiError> {
+        // OpenAI's default for this route is 16 tokens.
+        let c = common(body, 16)?;
+        let f = Fields::top(body);
+        if f.bool("echo")?.unwrap_or(false) {
+            return Err(ApiError::field(
+                "echo",
+                "echoing the prompt is not supported",
+            ));
+        }
+        if f.str("suffix")?.is_some_and(|x| !x.is_empty()) {
+            return Err(ApiError::field(
+                "suffix",
+                "fill-in-the-middle is not supported",
+            ));
+        }
+        if let Some(b) = f.int("best_of", 1, i64::MAX)?
+            && b != 1
+        {
+            return Err(ApiError::field(
+                "best_of",
+                "llamay returns one choice (best_of = 1)",
+            ));
+        }
+        Ok(CompletionRequest {
+            c,
+            prompt: prompt_input(body.get("prompt"))?,
+            logprobs: f.int("logprobs", 0, 20)?.map(|n| n as usize),
+            grammar: extension_grammar(body)?,
+        })
+    }
+}
+
 async fn completions(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
-    // OpenAI's default for this route is 16 tokens.
-    let c = common(&body, 16)?;
-    let f = Fields::top(&body);
-    if f.bool("echo")?.unwrap_or(false) {
-        return Err(ApiError::field("echo", "echoing the prompt is not supported").into());
-    }
-    if f.str("suffix")?.is_some_and(|x| !x.is_empty()) {
-        return Err(ApiError::field("suffix", "fill-in-the-middle is not supported").into());
-    }
-    if let Some(b) = f.int("best_of", 1, i64::MAX)?
-        && b != 1
-    {
-        return Err(ApiError::field("best_of", "llamay returns one choice (best_of = 1)").into());
-    }
-    let logprobs = f.int("logprobs", 0, 20)?.map(|n| n as usize);
+    let CompletionRequest {
+        c,
+        prompt,
+        logprobs,
+        grammar,
+    } = CompletionRequest::parse(&body)?;
     let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
-    let tokens = prompt_tokens(&model, body.get("prompt"))?;
+    let tokens = prompt_tokens(&model, &prompt)?;
     let g = Generation {
         prompt: tokens,
         params: c.params,
         max_tokens: c.max_tokens,
         stop: c.stop,
-        grammar: extension_grammar(&body)?,
+        grammar,
         logprobs,
         n_ctx: None,
         render_special: false,

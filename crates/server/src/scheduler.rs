@@ -170,9 +170,17 @@ impl Scheduler {
         std::thread::Builder::new()
             .name("llamay-engine".into())
             .spawn(move || {
-                let mut engine = Engine::new(&model, &tok, config, g.clone());
+                // Marks the scheduler stopped however the thread ends (a panic included),
+                // so the registry loads the model afresh instead of queueing into nothing.
+                struct Stopped(Arc<Gauges>);
+                impl Drop for Stopped {
+                    fn drop(&mut self) {
+                        self.0.stopped.store(true, Ordering::SeqCst);
+                    }
+                }
+                let _stopped = Stopped(g.clone());
+                let mut engine = Engine::new(&model, &tok, config, g);
                 engine.run(rx);
-                g.stopped.store(true, Ordering::SeqCst);
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
         Ok(Scheduler {
