@@ -214,6 +214,58 @@ fn serve_the_official_ollama_and_openai_clients_work_unmodified() {
     let _ = std::fs::remove_file(tools);
 }
 
+/// Pooled embeddings against llama.cpp's (llama-server --embeddings --pooling mean, f32
+/// cache, exact attention; scripts/gen-embed-expected). llama.cpp's own default run
+/// (flash attention, which rounds to f16) is 0.998-0.9999 in cosine from that exact
+/// answer; llamay's f32 cache must be at least as close on every text, and ≥ 0.999.
+#[test]
+fn serve_embeddings_agree_with_llama_cpp() {
+    let Some(g) = gemma() else { return };
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(data("data/serve/embeddings.json")).unwrap())
+            .unwrap();
+    let s = Serve::start(&["-m", g.to_str().unwrap(), "--alias", "gemma", "--kv", "f32"]);
+    let items = doc["texts"].as_array().unwrap();
+    let texts: Vec<&str> = items.iter().map(|t| t["text"].as_str().unwrap()).collect();
+    let (st, v) = s.post("/v1/embeddings", &json!({"model": "gemma", "input": texts}));
+    assert_eq!(st, 200, "{v}");
+    let tokens: u64 = items
+        .iter()
+        .map(|t| t["prompt_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        v["usage"]["prompt_tokens"], tokens,
+        "the same tokens, BOS included"
+    );
+    let floats = |x: &Value| -> Vec<f64> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_f64().unwrap())
+            .collect()
+    };
+    for (i, item) in items.iter().enumerate() {
+        let want = floats(&item["embedding"]);
+        let got = floats(&v["data"][i]["embedding"]);
+        assert_eq!(got.len(), want.len());
+        let dot: f64 = want.iter().zip(&got).map(|(a, b)| a * b).sum();
+        let cos = dot
+            / (want.iter().map(|a| a * a).sum::<f64>() * got.iter().map(|b| b * b).sum::<f64>())
+                .sqrt();
+        let theirs = item["llama_cpp_default_cosine"].as_f64().unwrap();
+        eprintln!(
+            "{:?}: cosine {cos:.6} (llama.cpp's default run: {theirs:.6})",
+            texts[i]
+        );
+        assert!(cos >= 0.999, "{:?}: cosine {cos}", texts[i]);
+        assert!(
+            1.0 - cos <= (1.0 - theirs) * 1.05 + 1e-7,
+            "{:?}: ours {cos} is farther from exact than llama.cpp's default {theirs}",
+            texts[i]
+        );
+    }
+}
+
 #[test]
 fn serve_hostile_requests_get_named_errors() {
     let Some(g) = gemma() else { return };

@@ -35,3 +35,26 @@ impl Logits {
         self.index.is_empty()
     }
 }
+
+/// Final hidden states (after the output norm) for the tokens that asked, in batch
+/// order: [`Context::hidden`](crate::Context::hidden).
+pub struct Hidden {
+    pub n_embd: usize,
+    /// Batch indices that asked.
+    pub index: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+impl Hidden {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.values[i * self.n_embd..(i + 1) * self.n_embd]
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+}

@@ -3,7 +3,7 @@
 
 use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
 use crate::attention::{self, Shape, Slot};
-use crate::batch::{BatchToken, Logits};
+use crate::batch::{BatchToken, Hidden, Logits};
 use crate::context::Context;
 use crate::kv::{LayerKv, SeqId};
 use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm};
@@ -175,6 +175,31 @@ impl Context<'_> {
     /// and returns logits for the tokens that asked. Every sequence id, position,
     /// token and the pool's budget are checked first: on error nothing changed.
     pub fn decode(&mut self, batch: &[BatchToken]) -> Result<Logits, DecodeError> {
+        let (index, values) = self.run(batch, Head::Logits)?;
+        Ok(Logits {
+            n_vocab: self.model.config.n_vocab,
+            index,
+            values,
+        })
+    }
+
+    /// As [`decode`](Self::decode), but returns the final hidden states (after the
+    /// output norm, before the output projection) of the tokens that asked: what
+    /// llama.cpp pools into an embedding (`result_norm`).
+    pub fn hidden(&mut self, batch: &[BatchToken]) -> Result<Hidden, DecodeError> {
+        let (index, values) = self.run(batch, Head::Hidden)?;
+        Ok(Hidden {
+            n_embd: self.model.config.n_embd,
+            index,
+            values,
+        })
+    }
+
+    fn run(
+        &mut self,
+        batch: &[BatchToken],
+        head: Head,
+    ) -> Result<(Vec<usize>, Vec<f32>), DecodeError> {
         let model = self.model;
         let cfg = &model.config;
         let n = batch.len();
@@ -381,17 +406,23 @@ impl Context<'_> {
             e,
             threads,
         );
+        if head == Head::Hidden {
+            return Ok((index, h));
+        }
         let mut values = Vec::new();
         linear(&model.weights.output, &h, &mut s.act, &mut values, threads);
         if let Some(c) = cfg.final_softcap {
             values.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
         }
-        Ok(Logits {
-            n_vocab: cfg.n_vocab,
-            index,
-            values,
-        })
+        Ok((index, values))
     }
+}
+
+/// What a batch's flagged tokens give back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Head {
+    Logits,
+    Hidden,
 }
 
 impl Model<'_> {

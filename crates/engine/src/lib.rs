@@ -25,7 +25,7 @@ mod weights;
 pub use forward::fault;
 
 pub use arch::{ARCHITECTURES, ArchSpec};
-pub use batch::{BatchToken, Logits};
+pub use batch::{BatchToken, Hidden, Logits};
 pub use config::Config;
 pub use context::{Context, ContextError, ContextParams};
 pub use kv::{KvError, KvPool, KvPrecision, KvUsage, PAGE, SeqId};

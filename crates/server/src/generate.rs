@@ -5,7 +5,7 @@
 
 use crate::error::ApiError;
 use crate::registry::Loaded;
-use crate::scheduler::{Event, Job, Refused};
+use crate::scheduler::{EmbedJob, Event, Job, Refused};
 use llamay_engine::grammar::Rules;
 use llamay_engine::sample::SamplerParams;
 use llamay_template::{Message, OutputFormat, OutputParser, ToolCall};
@@ -195,4 +195,84 @@ impl ChatParser {
 pub fn call_id(c: &ToolCall, i: usize) -> String {
     c.id.clone()
         .unwrap_or_else(|| format!("call_{:08x}{i}", crate::params::random_seed() as u32))
+}
+
+/// Embedding inputs: their tokens, cut to the context when `truncate` allows (how many
+/// were cut is returned, so the response can say so), else refused.
+pub fn embedding_inputs(
+    model: &Loaded,
+    texts: &[String],
+    truncate: bool,
+) -> Result<(Vec<Vec<u32>>, usize), ApiError> {
+    let n_ctx = model.scheduler.config().n_ctx;
+    let mut cut = 0;
+    let mut out = Vec::with_capacity(texts.len());
+    for (i, t) in texts.iter().enumerate() {
+        let mut ids = model.tok.encode(t.as_bytes(), true, true);
+        if ids.is_empty() {
+            return Err(ApiError::field("input", format!("input {i} has no tokens")));
+        }
+        if ids.len() > n_ctx {
+            if !truncate {
+                return Err(ApiError::field(
+                    "input",
+                    format!(
+                        "input {i} has {} tokens and the context holds {n_ctx}",
+                        ids.len()
+                    ),
+                ));
+            }
+            ids.truncate(n_ctx);
+            cut += 1;
+        }
+        out.push(ids);
+    }
+    Ok((out, cut))
+}
+
+/// Mean-pooled final hidden states of each input (computed on the engine thread).
+pub async fn embed(model: &Loaded, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ApiError> {
+    let n_ctx = model.scheduler.config().n_ctx;
+    let n_vocab = model.tok.n_vocab();
+    for (i, ids) in inputs.iter().enumerate() {
+        if ids.is_empty() || ids.len() > n_ctx {
+            return Err(ApiError::field(
+                "input",
+                format!("input {i} has {} tokens; give 1 to {n_ctx}", ids.len()),
+            ));
+        }
+        if let Some(&t) = ids.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ApiError::field(
+                "input",
+                format!("token id {t} is outside the vocabulary [0, {n_vocab})"),
+            ));
+        }
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    match model.scheduler.submit_embed(EmbedJob { inputs, reply: tx }) {
+        Ok(()) => {}
+        Err(Refused::Busy) => return Err(ApiError::busy()),
+        Err(Refused::Stopped) => return Err(ApiError::internal("the model's engine stopped")),
+    }
+    match rx.await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(why)) => Err(ApiError::internal(why)),
+        Err(_) => Err(ApiError::internal("the model's engine stopped")),
+    }
+}
+
+/// `v` cut to its first `dims` values (if given) and scaled to unit length.
+pub fn normalized(mut v: Vec<f32>, dims: Option<usize>) -> Vec<f32> {
+    if let Some(d) = dims {
+        v.truncate(d);
+    }
+    let norm = v
+        .iter()
+        .map(|&x| (x as f64) * (x as f64))
+        .sum::<f64>()
+        .sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+    }
+    v
 }

@@ -25,7 +25,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/generate", post(generate))
         .route("/api/chat", post(chat))
         .route("/api/embed", post(embed))
-        .route("/api/embeddings", post(embed))
+        .route("/api/embeddings", post(embeddings_legacy))
         .route("/api/tags", get(tags))
         .route("/api/show", post(show))
         .route("/api/ps", get(ps))
@@ -642,21 +642,73 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
     collect(rx, convert).await
 }
 
-/// Embeddings need an embedding model; none of the architectures llamay runs is one yet.
-pub fn embeddings_refusal(name: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "model '{name}': llamay does not compute embeddings yet (it runs decoder-only text generation models; embedding architectures such as bert are not supported — see `llamay coverage`)"
-        ),
-    )
+/// `input` (or the legacy `prompt`): a string or a list of strings.
+fn texts(f: &Fields<'_>, key: &str) -> Result<Vec<String>, ApiError> {
+    let t = f.strings(key)?;
+    if t.is_empty() {
+        return Err(ApiError::field(
+            key,
+            "is required (a string or a list of strings)",
+        ));
+    }
+    Ok(t)
 }
 
+/// `/api/embed`: normalised, mean-pooled final hidden states, as llama.cpp's
+/// `--pooling mean` (for a decoder-only model, as Ollama gives them too).
 async fn embed(axum::extract::State(s): State, body: Body) -> Result<Response, ApiError> {
+    let start = Instant::now();
     let body = body_object(&s, body).await?;
-    let name = model_name(&Fields::top(&body))?;
-    s.registry.resolve(&name)?;
-    Err(embeddings_refusal(&name))
+    let f = Fields::top(&body);
+    let name = model_name(&f)?;
+    let input = texts(&f, "input")?;
+    let truncate = f.bool("truncate")?.unwrap_or(true);
+    let keep = params::keep_alive(body.get("keep_alive"))?;
+    let dims = f.int("dimensions", 1, 1 << 20)?.map(|d| d as usize);
+    let (model, load) = model_for(&s, &name).await?;
+    keep_alive(&s, &model, keep);
+    let (inputs, cut) = generate::embedding_inputs(&model, &input, truncate)?;
+    let n_tokens: usize = inputs.iter().map(Vec::len).sum();
+    let t = Instant::now();
+    let vectors = generate::embed(&model, inputs).await?;
+    let embeddings: Vec<Vec<f32>> = vectors
+        .into_iter()
+        .map(|v| generate::normalized(v, dims))
+        .collect();
+    let mut out = json!({
+        "model": name,
+        "embeddings": embeddings,
+        "total_duration": start.elapsed().as_nanos() as u64,
+        "load_duration": load.as_nanos() as u64,
+        "prompt_eval_count": n_tokens,
+        "prompt_eval_duration": t.elapsed().as_nanos() as u64,
+    });
+    if cut > 0 {
+        // Ollama cuts silently; llamay says how many inputs it cut to the context.
+        out["truncated_inputs"] = cut.into();
+    }
+    Ok(axum::Json(out).into_response())
+}
+
+/// The legacy `/api/embeddings`: one `prompt`, the pooled vector as computed (not
+/// normalised, as Ollama's legacy route returns it).
+async fn embeddings_legacy(
+    axum::extract::State(s): State,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = body_object(&s, body).await?;
+    let f = Fields::top(&body);
+    let name = model_name(&f)?;
+    let prompt = f
+        .str("prompt")?
+        .ok_or_else(|| ApiError::field("prompt", "is required"))?
+        .to_string();
+    let keep = params::keep_alive(body.get("keep_alive"))?;
+    let (model, _) = model_for(&s, &name).await?;
+    keep_alive(&s, &model, keep);
+    let (inputs, _) = generate::embedding_inputs(&model, &[prompt], true)?;
+    let mut v = generate::embed(&model, inputs).await?;
+    Ok(axum::Json(json!({ "embedding": v.pop().unwrap_or_default() })).into_response())
 }
 
 /// `details` as Ollama reports them, from the file's header.

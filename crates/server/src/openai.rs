@@ -733,15 +733,84 @@ async fn embeddings(axum::extract::State(s): State, body: Body) -> Result<Respon
     let name = f
         .str("model")?
         .filter(|m| !m.is_empty())
-        .ok_or_else(|| ApiError::field("model", "is required"))?;
-    if let Some(enc) = f.str("encoding_format")?
-        && enc != "float"
-        && enc != "base64"
-    {
-        return Err(ApiError::field("encoding_format", "must be \"float\" or \"base64\"").into());
+        .ok_or_else(|| ApiError::field("model", "is required"))?
+        .to_string();
+    let base64 = match f.str("encoding_format")? {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(_) => {
+            return Err(
+                ApiError::field("encoding_format", "must be \"float\" or \"base64\"").into(),
+            );
+        }
+    };
+    let dims = f.int("dimensions", 1, 1 << 20)?.map(|d| d as usize);
+    // A string, a list of strings, a list of token ids, or a list of such lists.
+    enum Input {
+        Text(String),
+        Ids(Vec<i64>),
     }
-    s.registry.resolve(name).map_err(ApiError::from)?;
-    Err(crate::ollama::embeddings_refusal(name).into())
+    let one = |v: &Value| -> std::result::Result<Input, ApiError> {
+        match v {
+            Value::String(s) => Ok(Input::Text(s.clone())),
+            Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_i64) => {
+                Ok(Input::Ids(a.iter().filter_map(Value::as_i64).collect()))
+            }
+            _ => Err(ApiError::field(
+                "input",
+                "must be a string, a list of strings, or token ids",
+            )),
+        }
+    };
+    let items: Vec<Input> = match body.get("input") {
+        Some(Value::Array(a))
+            if a.iter().all(|x| x.is_string() || x.is_array()) && !a.is_empty() =>
+        {
+            a.iter().map(one).collect::<std::result::Result<_, _>>()?
+        }
+        Some(v) => vec![one(v)?],
+        None => return Err(ApiError::field("input", "is required").into()),
+    };
+    let model = s.registry.get(&name).await.map_err(ApiError::from)?;
+    let n_vocab = model.tok.n_vocab();
+    let mut inputs = Vec::with_capacity(items.len());
+    for it in items {
+        inputs.push(match it {
+            Input::Text(t) => generate::embedding_inputs(&model, &[t], false)?.0.remove(0),
+            Input::Ids(ids) => ids
+                .iter()
+                .map(|&id| match usize::try_from(id) {
+                    Ok(u) if u < n_vocab => Ok(u as u32),
+                    _ => Err(ApiError::field(
+                        "input",
+                        format!("token id {id} is outside the vocabulary [0, {n_vocab})"),
+                    )),
+                })
+                .collect::<std::result::Result<_, _>>()?,
+        });
+    }
+    let n_tokens: usize = inputs.iter().map(Vec::len).sum();
+    let vectors = generate::embed(&model, inputs).await?;
+    let data: Vec<Value> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let v = generate::normalized(v, dims);
+            let embedding = if base64 {
+                use base64::Engine as _;
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "object": "list", "data": data, "model": name,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    }))
+    .into_response())
 }
 
 async fn rerank(axum::extract::State(s): State, body: Body) -> Result<Response> {

@@ -58,6 +58,31 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
+/// A request for embeddings: each input's final hidden states, mean-pooled (as
+/// llama.cpp's `--pooling mean`), in input order.
+pub struct EmbedJob {
+    /// Each input's tokens, BOS included; each at least one token, within the context.
+    pub inputs: Vec<Vec<u32>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
+}
+
+/// What the engine thread receives.
+enum Work {
+    Generate(Job),
+    Embed(EmbedJob),
+}
+
+/// An embedding request being computed: one chunk per engine loop.
+struct Embedding {
+    job: EmbedJob,
+    /// The input being pooled, its sequence and how many of its tokens are in.
+    input: usize,
+    seq: Option<SeqId>,
+    fed: usize,
+    sum: Vec<f64>,
+    out: Vec<Vec<f32>>,
+}
+
 /// What the engine tells a request's handler.
 #[derive(Debug)]
 pub enum Event {
@@ -146,7 +171,7 @@ pub enum Refused {
 
 /// The handle the HTTP side holds: submits jobs to the engine thread.
 pub struct Scheduler {
-    jobs: Mutex<mpsc::Sender<Job>>,
+    jobs: Mutex<mpsc::Sender<Work>>,
     pub gauges: Arc<Gauges>,
     config: EngineConfig,
 }
@@ -196,6 +221,15 @@ impl Scheduler {
 
     /// Queues a job unless `parallel + queue` requests are already in flight.
     pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        self.send(Work::Generate(job))
+    }
+
+    /// Queues an embedding request, under the same bound.
+    pub fn submit_embed(&self, job: EmbedJob) -> Result<(), Refused> {
+        self.send(Work::Embed(job))
+    }
+
+    fn send(&self, work: Work) -> Result<(), Refused> {
         let limit = self.config.parallel + self.config.queue;
         let g = &self.gauges;
         if g.stopped.load(Ordering::SeqCst) {
@@ -209,11 +243,16 @@ impl Scheduler {
         {
             return Err(Refused::Busy);
         }
-        g.waiting.fetch_add(1, Ordering::SeqCst);
-        let sent = self.jobs.lock().map_err(|_| Refused::Stopped)?.send(job);
+        let generate = matches!(work, Work::Generate(_));
+        if generate {
+            g.waiting.fetch_add(1, Ordering::SeqCst);
+        }
+        let sent = self.jobs.lock().map_err(|_| Refused::Stopped)?.send(work);
         if sent.is_err() {
             g.in_flight.fetch_sub(1, Ordering::SeqCst);
-            g.waiting.fetch_sub(1, Ordering::SeqCst);
+            if generate {
+                g.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
             return Err(Refused::Stopped);
         }
         Ok(())
@@ -259,6 +298,7 @@ struct Engine<'m, 't> {
     gauges: Arc<Gauges>,
     waiting: VecDeque<Job>,
     slots: Vec<Slot<'t>>,
+    embeds: VecDeque<Embedding>,
     idle: Vec<Idle>,
     /// The vocabulary's trie, built on the first constrained request.
     trie: Option<Arc<TokenTrie>>,
@@ -293,21 +333,22 @@ impl<'m, 't> Engine<'m, 't> {
             gauges,
             waiting: VecDeque::new(),
             slots: Vec::new(),
+            embeds: VecDeque::new(),
             idle: Vec::new(),
             trie: None,
         }
     }
 
-    fn run(&mut self, rx: mpsc::Receiver<Job>) {
+    fn run(&mut self, rx: mpsc::Receiver<Work>) {
         loop {
-            if self.slots.is_empty() && self.waiting.is_empty() {
+            if self.slots.is_empty() && self.waiting.is_empty() && self.embeds.is_empty() {
                 match rx.recv() {
-                    Ok(j) => self.waiting.push_back(j),
+                    Ok(w) => self.take(w),
                     Err(_) => return, // the model was unloaded
                 }
             }
-            while let Ok(j) = rx.try_recv() {
-                self.waiting.push_back(j);
+            while let Ok(w) = rx.try_recv() {
+                self.take(w);
             }
             self.drop_cancelled();
             self.admit();
@@ -315,8 +356,104 @@ impl<'m, 't> Engine<'m, 't> {
             if !self.slots.is_empty() {
                 self.step();
             }
+            // Embeddings go one chunk at a time between the generation steps.
+            if !self.embeds.is_empty() {
+                self.embed_step();
+            }
             self.publish();
         }
+    }
+
+    fn take(&mut self, w: Work) {
+        match w {
+            Work::Generate(j) => self.waiting.push_back(j),
+            Work::Embed(job) => self.embeds.push_back(Embedding {
+                job,
+                input: 0,
+                seq: None,
+                fed: 0,
+                sum: Vec::new(),
+                out: Vec::new(),
+            }),
+        }
+    }
+
+    /// One chunk of the oldest embedding request's current input.
+    fn embed_step(&mut self) {
+        let Some(mut e) = self.embeds.pop_front() else {
+            return;
+        };
+        if e.job.reply.is_closed() {
+            if let Some(s) = e.seq {
+                let _ = self.ctx.kv_mut().free(s);
+            }
+            self.finish_job();
+            return;
+        }
+        let Some(tokens) = e.job.inputs.get(e.input) else {
+            let _ = e.job.reply.send(Ok(std::mem::take(&mut e.out)));
+            self.finish_job();
+            return;
+        };
+        if tokens.is_empty() || tokens.len() > self.config.n_ctx {
+            let why = format!(
+                "embedding input {} has {} tokens; give 1 to {}",
+                e.input,
+                tokens.len(),
+                self.config.n_ctx
+            );
+            let _ = e.job.reply.send(Err(why));
+            self.finish_job();
+            return;
+        }
+        let seq = *e.seq.get_or_insert_with(|| self.ctx.new_sequence());
+        let n = PREFILL_CHUNK.min(tokens.len() - e.fed);
+        let batch: Vec<BatchToken> = (e.fed..e.fed + n)
+            .map(|p| BatchToken {
+                seq,
+                token: tokens[p],
+                pos: p,
+                logits: true,
+            })
+            .collect();
+        let hidden = loop {
+            match self.ctx.hidden(&batch) {
+                Ok(h) => break h,
+                Err(DecodeError::PoolFull { .. }) if self.evict_one() => continue,
+                Err(err) => {
+                    let _ = self.ctx.kv_mut().free(seq);
+                    let _ = e
+                        .job
+                        .reply
+                        .send(Err(format!("embedding input {}: {err}", e.input)));
+                    self.finish_job();
+                    return;
+                }
+            }
+        };
+        e.sum.resize(hidden.n_embd, 0.0);
+        for r in 0..hidden.len() {
+            for (s, &v) in e.sum.iter_mut().zip(hidden.row(r)) {
+                *s += v as f64;
+            }
+        }
+        e.fed += n;
+        if e.fed == tokens.len() {
+            let len = tokens.len() as f64;
+            e.out
+                .push(e.sum.iter().map(|&s| (s / len) as f32).collect());
+            e.sum.clear();
+            let _ = self.ctx.kv_mut().free(seq);
+            e.seq = None;
+            e.fed = 0;
+            e.input += 1;
+        }
+        if e.input == e.job.inputs.len() {
+            let _ = e.job.reply.send(Ok(std::mem::take(&mut e.out)));
+            self.finish_job();
+            return;
+        }
+        self.embeds.push_front(e);
     }
 
     fn publish(&self) {

@@ -112,12 +112,19 @@ def ollama_checks():
             assert e.status_code == 404 and bad in str(e), e
     ok("unknown models are 404")
 
-    try:
-        c.embed(model=MODEL, input="hello")
-        raise AssertionError("embed answered")
-    except ollama.ResponseError as e:
-        assert e.status_code == 501 and "embedding" in str(e), e
-    ok("embed is refused by name")
+    e = c.embed(model=MODEL, input=["hello world", "goodbye"])
+    assert len(e.embeddings) == 2 and len(e.embeddings[0]) == info.modelinfo["gemma3.embedding_length"]
+    for v in e.embeddings:
+        assert abs(sum(x * x for x in v) - 1) < 1e-4, "embed vectors are unit length"
+    assert e.embeddings[0] != e.embeddings[1]
+    one = c.embed(model=MODEL, input="hello world").embeddings[0]
+    assert max(abs(a - b) for a, b in zip(one, e.embeddings[0])) < 1e-6, "batched inputs equal single ones"
+    short = c.embed(model=MODEL, input="hello world", dimensions=64).embeddings[0]
+    assert len(short) == 64 and abs(sum(x * x for x in short) - 1) < 1e-4
+    legacy = c.embeddings(model=MODEL, prompt="hello world").embedding
+    n = sum(x * x for x in legacy) ** 0.5
+    assert max(abs(a / n - b) for a, b in zip(legacy, one)) < 1e-5, "legacy = the unnormalised vector"
+    ok("embed (normalised, batched, dimensions) and the legacy embeddings route")
 
     try:
         c.generate(model=MODEL, prompt="x", images=["aGVsbG8="])
@@ -209,13 +216,23 @@ def openai_checks():
         pass
     ok("errors: n > 1, token ids outside the vocabulary, unknown model")
 
-    for enc in ("float", "base64"):
-        try:
-            c.embeddings.create(model=MODEL, input="hello", encoding_format=enc)
-            raise AssertionError("embeddings answered")
-        except openai.APIStatusError as e:
-            assert e.status_code == 501 and "embedding" in str(e), e
-    ok("embeddings refused by name")
+    import base64
+    import struct
+    f = c.embeddings.create(model=MODEL, input=["hello world", "goodbye"], encoding_format="float")
+    assert [d.index for d in f.data] == [0, 1] and f.usage.prompt_tokens > 2
+    raw = httpx.post(BASE + "/v1/embeddings", json={"model": MODEL, "input": "hello world",
+                                                     "encoding_format": "base64"}).json()
+    b = raw["data"][0]["embedding"]
+    floats = struct.unpack(f"<{len(base64.b64decode(b)) // 4}f", base64.b64decode(b))
+    assert max(abs(x - y) for x, y in zip(floats, f.data[0].embedding)) < 1e-6, "base64 decodes to the floats"
+    # The client's default asks for base64 and decodes it itself.
+    d = c.embeddings.create(model=MODEL, input="hello world")
+    assert max(abs(x - y) for x, y in zip(d.data[0].embedding, f.data[0].embedding)) < 1e-6
+    toks = httpx.post(BASE + "/api/generate", json={"model": MODEL, "prompt": "hello world", "raw": True, "stream": False,
+                                                     "options": {"num_predict": 1}}).json()["context"][:-1]
+    t = c.embeddings.create(model=MODEL, input=[toks], encoding_format="float")
+    assert max(abs(x - y) for x, y in zip(t.data[0].embedding, f.data[0].embedding)) < 1e-6, "token ids = text"
+    ok("embeddings: float, base64, token ids")
 
 
 def count_tokens(msgs):
