@@ -25,7 +25,7 @@ fn alone(
     steps: usize,
 ) -> Vec<Vec<f32>> {
     let mut ctx = model
-        .context(ContextParams::new(Threads(2), kv, 58))
+        .context(ContextParams::new(Threads(2), kv, 512))
         .unwrap();
     let s = ctx.new_sequence();
     let mut rows = Vec::new();
@@ -85,7 +85,7 @@ fn crowded(
     others: [&[u32]; 2],
 ) -> Vec<Vec<f32>> {
     let mut ctx: Context<'_> = model
-        .context(ContextParams::new(Threads(2), kv, 58))
+        .context(ContextParams::new(Threads(2), kv, 512))
         .unwrap();
     let s = ctx.new_sequence();
     let busy = ctx.new_sequence();
