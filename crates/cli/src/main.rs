@@ -5,6 +5,7 @@ mod chat;
 mod cmd;
 mod constrain;
 mod generate;
+mod logits_file;
 mod out;
 mod runnable;
 mod session;
