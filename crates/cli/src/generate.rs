@@ -37,6 +37,10 @@ pub struct SamplingArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Speculate up to N tokens per step by prompt lookup (the continuation of the
+    /// last n-gram's previous occurrence), verified in one batch; needs --temp 0.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub draft_lookup: usize,
 }
 
 impl SamplingArgs {
@@ -55,6 +59,23 @@ impl SamplingArgs {
         };
         params.validate().map_err(anyhow::Error::msg)?;
         Ok(params)
+    }
+
+    /// `--draft-lookup`: the most draft tokens per step (0: no speculation).
+    pub fn draft(&self) -> anyhow::Result<usize> {
+        if self.draft_lookup > 0 && self.temp != 0.0 {
+            bail!(
+                "--draft-lookup {}: speculation is exact only for greedy decoding here; give --temp 0 (sampled speculation is not implemented)",
+                self.draft_lookup
+            );
+        }
+        if self.draft_lookup > 64 {
+            bail!(
+                "--draft-lookup {}: at most 64 draft tokens",
+                self.draft_lookup
+            );
+        }
+        Ok(self.draft_lookup)
     }
 
     /// The most tokens one answer may have.
@@ -140,6 +161,38 @@ pub struct Sampling {
     /// `--json` / `--json-schema` / `--grammar`: every token keeps the output a prefix
     /// of the grammar's sentences; an end token only once it is a whole one.
     pub constraint: Option<Constraint>,
+    /// `--draft-lookup`: speculation (greedy, unconstrained answers only).
+    pub speculation: Speculation,
+}
+
+/// Prompt-lookup speculation: after each token, the continuation of the most recent
+/// earlier occurrence of the last 3 (else 2, else 1) tokens is proposed and verified in
+/// the same decode call as the token. The engine's rows do not depend on the batch
+/// (crates/engine/tests/batch_invariance.rs), so verifying a draft computes the logits
+/// one-token decoding would: the output is token for token the same.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Speculation {
+    /// Most draft tokens per step (0: off).
+    pub max_draft: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+/// The draft: up to `max` tokens that followed the last occurrence of the history's
+/// final n-gram (n = 3, 2, 1) before the end.
+pub fn lookup_draft(history: &[u32], max: usize) -> &[u32] {
+    let len = history.len();
+    for n in (1..=3).rev() {
+        if len <= n {
+            continue;
+        }
+        let pattern = &history[len - n..];
+        if let Some(s) = (0..len - n).rev().find(|&s| &history[s..s + n] == pattern) {
+            let from = s + n;
+            return &history[from..(from + max).min(len)];
+        }
+    }
+    &[]
 }
 
 impl Sampling {
@@ -199,15 +252,78 @@ impl Sampling {
             if generated == self.limit {
                 break;
             }
-            let l = ctx.decode(&[BatchToken {
-                seq,
-                token: id,
-                pos,
-                logits: true,
-            }])?;
+            let speculate = self.speculation.max_draft > 0
+                && self.constraint.is_none()
+                && self.sampler.is_greedy();
+            let room = (n_ctx - pos - 1).min(self.limit - generated);
+            let draft: Vec<u32> = if speculate {
+                let d = lookup_draft(&self.history, self.speculation.max_draft.min(room));
+                d.to_vec()
+            } else {
+                Vec::new()
+            };
+            let batch: Vec<BatchToken> = std::iter::once(id)
+                .chain(draft.iter().copied())
+                .enumerate()
+                .map(|(i, token)| BatchToken {
+                    seq,
+                    token,
+                    pos: pos + i,
+                    logits: true,
+                })
+                .collect();
+            let l = ctx.decode(&batch)?;
+            // Accept the draft while it is what this sampler picks (never an end token:
+            // the loop above decides those).
+            let mut accepted = 0;
+            while accepted < draft.len() {
+                let want = self.sampler.sample(l.row(accepted), &self.history);
+                if want != draft[accepted] || tok.is_eog(want) {
+                    break;
+                }
+                self.history.push(want);
+                accepted += 1;
+            }
+            self.speculation.drafted += draft.len();
+            self.speculation.accepted += accepted;
+            // The rejected part of the draft leaves the cache.
+            if accepted < draft.len() {
+                ctx.kv_mut().truncate(seq, pos + 1 + accepted)?;
+            }
+            for (j, &d) in draft[..accepted].iter().enumerate() {
+                generated += 1;
+                if on_token(d)? == Flow::Stop {
+                    return Ok((generated, Stop::Interrupted));
+                }
+                if generated == self.limit {
+                    return Ok((generated, Stop::Length));
+                }
+                debug_assert!(pos + 2 + j <= n_ctx);
+            }
             logits.clear();
-            logits.extend_from_slice(l.row(0));
+            logits.extend_from_slice(l.row(accepted));
         }
         Ok((generated, Stop::Length))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lookup_draft;
+
+    #[test]
+    fn the_draft_continues_the_last_earlier_occurrence_of_the_longest_ngram() {
+        // "1 2 3" occurred before, followed by 4 5: the trigram wins over the unigram 3.
+        assert_eq!(
+            lookup_draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 4),
+            &[4, 5, 9, 3]
+        );
+        assert_eq!(lookup_draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 1), &[4]);
+        // Only the unigram recurs: its most recent earlier occurrence.
+        assert_eq!(lookup_draft(&[5, 1, 6, 1, 7, 1], 2), &[7, 1]);
+        // Nothing recurs, or nothing to look at.
+        assert!(lookup_draft(&[1, 2, 3], 4).is_empty());
+        assert!(lookup_draft(&[], 4).is_empty());
+        assert!(lookup_draft(&[1, 1], 0).is_empty());
     }
 }

@@ -189,6 +189,11 @@ impl Sampler {
         std::borrow::Cow::Owned(out)
     }
 
+    /// Whether every pick is the (penalised) argmax: temperature 0.
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0
+    }
+
     /// Picks the next token from `logits`, given the tokens generated so far (for the
     /// penalties). Non-finite logits are never chosen while a finite one exists.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {

@@ -7,7 +7,7 @@
 use crate::ModelArg;
 use crate::chat;
 use crate::constrain::{Bound, ConstraintArgs};
-use crate::generate::{Flow, Sampling, SamplingArgs, prefill};
+use crate::generate::{Flow, Sampling, SamplingArgs, Speculation, prefill};
 use crate::session;
 use anyhow::{Context as _, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
@@ -242,6 +242,8 @@ struct Session<'c, 'm> {
     sampler: Option<Sampler>,
     limit: usize,
     ignore_eos: bool,
+    /// `--draft-lookup`.
+    max_draft: usize,
     /// Each answer is sampled under this grammar (`--json`, ...).
     grammar: Option<Bound>,
     display: Display,
@@ -303,6 +305,10 @@ impl Session<'_, '_> {
             limit: self.limit,
             ignore_eos: self.ignore_eos,
             constraint: self.grammar.as_ref().map(Bound::start),
+            speculation: Speculation {
+                max_draft: self.max_draft,
+                ..Speculation::default()
+            },
         };
         let mut out = std::io::stdout().lock();
         INTERRUPTED.store(false, Ordering::SeqCst);
@@ -427,6 +433,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         sampler: None,
         limit,
         ignore_eos: args.sampling.ignore_eos,
+        max_draft: args.sampling.draft()?,
         grammar,
         display: Display {
             show_reasoning: args.show_reasoning,

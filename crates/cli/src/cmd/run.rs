@@ -2,7 +2,7 @@
 
 use crate::ModelArg;
 use crate::constrain::{Bound, ConstraintArgs};
-use crate::generate::{Flow, Sampling, SamplingArgs, prefill};
+use crate::generate::{Flow, Sampling, SamplingArgs, Speculation, prefill};
 use crate::session;
 use anyhow::{Context, bail};
 use llamay_engine::sample::Sampler;
@@ -117,6 +117,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             limit,
             ignore_eos: args.sampling.ignore_eos,
             constraint: bound.as_ref().map(Bound::start),
+            speculation: Speculation {
+                max_draft: args.sampling.draft()?,
+                ..Speculation::default()
+            },
         },
         load_s,
     )
@@ -146,8 +150,14 @@ fn generate(
     out.write_all(stream.finish().as_bytes())?;
     out.flush()?;
     let gen_s = t_gen.elapsed().as_secs_f64();
+    let spec = sampling.speculation;
+    let draft = if spec.max_draft > 0 {
+        format!(" | draft {} of {} accepted", spec.accepted, spec.drafted)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "\nload {load_s:.2} s | prompt {} tokens in {prompt_s:.2} s ({:.1} tok/s) | generation {generated} tokens in {gen_s:.2} s ({:.1} tok/s) | stop: {}",
+        "\nload {load_s:.2} s | prompt {} tokens in {prompt_s:.2} s ({:.1} tok/s) | generation {generated} tokens in {gen_s:.2} s ({:.1} tok/s) | stop: {}{draft}",
         prompt.len(),
         prompt.len() as f64 / prompt_s.max(1e-9),
         generated as f64 / gen_s.max(1e-9),
