@@ -4,7 +4,7 @@
 
 use anyhow::bail;
 use llamay_engine::grammar::Constraint;
-use llamay_engine::sample::{Sampler, SamplerParams};
+use llamay_engine::sample::{Sampler, SamplerParams, lookup_draft};
 use llamay_engine::{BatchToken, Context, SeqId};
 use llamay_tokenizer::Tokenizer;
 
@@ -178,23 +178,6 @@ pub struct Speculation {
     pub accepted: usize,
 }
 
-/// The draft: up to `max` tokens that followed the last occurrence of the history's
-/// final n-gram (n = 3, 2, 1) before the end.
-pub fn lookup_draft(history: &[u32], max: usize) -> &[u32] {
-    let len = history.len();
-    for n in (1..=3).rev() {
-        if len <= n {
-            continue;
-        }
-        let pattern = &history[len - n..];
-        if let Some(s) = (0..len - n).rev().find(|&s| &history[s..s + n] == pattern) {
-            let from = s + n;
-            return &history[from..(from + max).min(len)];
-        }
-    }
-    &[]
-}
-
 impl Sampling {
     /// Samples from `logits` (after the prefilled `seq`), decoding each token into
     /// `seq` and handing it to `on_token`, until end of generation (unless
@@ -304,26 +287,5 @@ impl Sampling {
             logits.extend_from_slice(l.row(accepted));
         }
         Ok((generated, Stop::Length))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::lookup_draft;
-
-    #[test]
-    fn the_draft_continues_the_last_earlier_occurrence_of_the_longest_ngram() {
-        // "1 2 3" occurred before, followed by 4 5: the trigram wins over the unigram 3.
-        assert_eq!(
-            lookup_draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 4),
-            &[4, 5, 9, 3]
-        );
-        assert_eq!(lookup_draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 1), &[4]);
-        // Only the unigram recurs: its most recent earlier occurrence.
-        assert_eq!(lookup_draft(&[5, 1, 6, 1, 7, 1], 2), &[7, 1]);
-        // Nothing recurs, or nothing to look at.
-        assert!(lookup_draft(&[1, 2, 3], 4).is_empty());
-        assert!(lookup_draft(&[], 4).is_empty());
-        assert!(lookup_draft(&[1, 1], 0).is_empty());
     }
 }

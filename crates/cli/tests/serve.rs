@@ -746,6 +746,54 @@ fn serve_six_concurrent_requests_each_equal_the_same_request_alone() {
         cached > 1000.0,
         "the batched rounds reused cached prefixes ({cached})"
     );
+    // Prompt-lookup speculation changes no token either, batched or not (a
+    // code-repeating prompt added so that drafts are accepted; its answer without
+    // speculation from this server).
+    let code = std::fs::read_to_string(data("data/speculate/code-edit.txt")).unwrap();
+    let code_req = json!({"model": "gemma", "messages": [{"role": "user", "content": code}], "stream": false,
+                          "options": {"temperature": 0, "num_predict": 64}});
+    let (st, v) = s.post("/api/chat", &code_req);
+    assert_eq!(st, 200, "{v}");
+    let mut alone = alone;
+    alone.push(text(&v));
+    drop(s);
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--parallel",
+        "4",
+        "--chat-template",
+        "gemma",
+        "--draft-lookup",
+        "8",
+    ]);
+    let mut requests = requests;
+    requests.push(code_req);
+    let handles: Vec<_> = requests
+        .iter()
+        .cloned()
+        .map(|r| {
+            let url = s.url(path(&r));
+            std::thread::spawn(move || {
+                let v: Value = client().post(url).json(&r).send().unwrap().json().unwrap();
+                v
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let v = h.join().unwrap();
+        assert_eq!(
+            text(&v),
+            alone[i],
+            "request {i} changed under --draft-lookup: {v}"
+        );
+    }
+    let accepted = s.gauge("llamay_draft_accepted_total");
+    let drafted = s.gauge("llamay_draft_tokens_total");
+    eprintln!("--draft-lookup 8: {accepted} of {drafted} draft tokens accepted");
+    assert!(accepted >= 40.0, "{accepted} of {drafted}");
 }
 
 #[test]

@@ -275,6 +275,23 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best.map_or(0, |(i, _)| i as u32)
 }
 
+/// Prompt-lookup drafting for speculative decoding: up to `max` tokens that followed
+/// the last occurrence of the history's final n-gram (n = 3, 2, 1) before the end.
+pub fn lookup_draft(history: &[u32], max: usize) -> &[u32] {
+    let len = history.len();
+    for n in (1..=3).rev() {
+        if len <= n {
+            continue;
+        }
+        let pattern = &history[len - n..];
+        if let Some(s) = (0..len - n).rev().find(|&s| &history[s..s + n] == pattern) {
+            let from = s + n;
+            return &history[from..(from + max).min(len)];
+        }
+    }
+    &[]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,5 +352,21 @@ mod tests {
             .validate()
             .is_err()
         );
+    }
+
+    #[test]
+    fn the_draft_continues_the_last_earlier_occurrence_of_the_longest_ngram() {
+        // "1 2 3" occurred before, followed by 4 5: the trigram wins over the unigram 3.
+        assert_eq!(
+            lookup_draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 4),
+            &[4, 5, 9, 3]
+        );
+        assert_eq!(lookup_draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 1), &[4]);
+        // Only the unigram recurs: its most recent earlier occurrence.
+        assert_eq!(lookup_draft(&[5, 1, 6, 1, 7, 1], 2), &[7, 1]);
+        // Nothing recurs, or nothing to look at.
+        assert!(lookup_draft(&[1, 2, 3], 4).is_empty());
+        assert!(lookup_draft(&[], 4).is_empty());
+        assert!(lookup_draft(&[1, 1], 0).is_empty());
     }
 }

@@ -129,9 +129,11 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         };
-        let (mut prompt, mut cached, mut generated) = (0, 0, 0);
+        let (mut prompt, mut cached, mut generated, mut drafted, mut accepted) = (0, 0, 0, 0, 0);
         for l in reg.running() {
             let g = &l.scheduler.gauges;
+            drafted += g.draft_tokens.load(Ordering::Relaxed);
+            accepted += g.draft_accepted.load(Ordering::Relaxed);
             prompt += g.prompt_tokens.load(Ordering::Relaxed);
             cached += g.cached_tokens.load(Ordering::Relaxed);
             generated += g.generated_tokens.load(Ordering::Relaxed);
@@ -171,6 +173,18 @@ impl Metrics {
             "llamay_generation_tokens_total",
             "Generated tokens (loaded models).",
             generated,
+        );
+        counter(
+            &mut out,
+            "llamay_draft_tokens_total",
+            "Prompt-lookup draft tokens verified (--draft-lookup; loaded models).",
+            drafted,
+        );
+        counter(
+            &mut out,
+            "llamay_draft_accepted_total",
+            "Draft tokens accepted (loaded models).",
+            accepted,
         );
         gauge(
             &mut out,

@@ -17,7 +17,7 @@
 
 use crate::stop::StopMatcher;
 use llamay_engine::grammar::{Constraint, Rules, TokenTrie};
-use llamay_engine::sample::{Sampler, SamplerParams};
+use llamay_engine::sample::{Sampler, SamplerParams, lookup_draft};
 use llamay_engine::{
     BatchToken, Context, ContextParams, DecodeError, KvPrecision, Model, SeqId, Threads,
 };
@@ -141,6 +141,8 @@ pub struct EngineConfig {
     pub parallel: usize,
     /// Requests allowed to wait beyond `parallel`.
     pub queue: usize,
+    /// `--draft-lookup`: prompt-lookup draft tokens per greedy request per step (0: off).
+    pub max_draft: usize,
 }
 
 /// Counters the scheduler keeps for `/metrics`, `/api/ps` and admission.
@@ -156,6 +158,8 @@ pub struct Gauges {
     pub prompt_tokens: AtomicU64,
     pub cached_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    pub draft_tokens: AtomicU64,
+    pub draft_accepted: AtomicU64,
     /// The engine thread ended (its model is gone).
     pub stopped: AtomicBool,
 }
@@ -304,11 +308,14 @@ struct Engine<'m, 't> {
     trie: Option<Arc<TokenTrie>>,
 }
 
-/// What a step's batch row belongs to.
-#[derive(Clone, Copy)]
-enum Row {
-    Decode(usize),
-    PromptEnd(usize),
+/// A slot's rows in a step's batch: its token at `pos` (a decode token or a prompt's
+/// last) and the draft tokens after it.
+struct Rows {
+    slot: usize,
+    /// Batch index of the first row.
+    first: usize,
+    pos: usize,
+    drafts: Vec<u32>,
 }
 
 impl<'m, 't> Engine<'m, 't> {
@@ -612,17 +619,25 @@ impl<'m, 't> Engine<'m, 't> {
 
     fn step(&mut self) {
         let mut batch = Vec::new();
-        let mut rows = Vec::new();
+        let mut plan: Vec<Rows> = Vec::new();
         for (i, s) in self.slots.iter().enumerate() {
             if let Some(t) = s.next {
                 let pos = self.ctx.kv().len(s.seq).unwrap_or(0);
-                batch.push(BatchToken {
-                    seq: s.seq,
-                    token: t,
+                let drafts = self.draft_for(s, pos);
+                plan.push(Rows {
+                    slot: i,
+                    first: batch.len(),
                     pos,
-                    logits: true,
+                    drafts: drafts.clone(),
                 });
-                rows.push(Row::Decode(i));
+                for (k, token) in std::iter::once(t).chain(drafts).enumerate() {
+                    batch.push(BatchToken {
+                        seq: s.seq,
+                        token,
+                        pos: pos + k,
+                        logits: true,
+                    });
+                }
             }
         }
         let room = PREFILL_CHUNK.saturating_sub(batch.len()).max(1);
@@ -632,15 +647,20 @@ impl<'m, 't> Engine<'m, 't> {
             let n = room.min(s.job.prompt.len() - s.fed);
             for p in s.fed..s.fed + n {
                 let last = p + 1 == s.job.prompt.len();
+                if last {
+                    plan.push(Rows {
+                        slot: i,
+                        first: batch.len(),
+                        pos: p,
+                        drafts: Vec::new(),
+                    });
+                }
                 batch.push(BatchToken {
                     seq: s.seq,
                     token: s.job.prompt[p],
                     pos: p,
                     logits: last,
                 });
-                if last {
-                    rows.push(Row::PromptEnd(i));
-                }
             }
             prefilled = Some((i, n));
         }
@@ -664,13 +684,42 @@ impl<'m, 't> Engine<'m, 't> {
         if let Some((i, n)) = prefilled {
             self.slots[i].fed += n;
         }
+        // Logits rows are in batch order, and only tokens that asked have one.
+        let row_of: Vec<usize> = {
+            let mut r = vec![usize::MAX; batch.len()];
+            for (k, &b) in logits.index.iter().enumerate() {
+                r[b] = k;
+            }
+            r
+        };
         let mut done = Vec::new();
-        for (r, row) in rows.iter().enumerate() {
-            let i = match *row {
-                Row::Decode(i) | Row::PromptEnd(i) => i,
+        for r in plan {
+            // Sample after the token, then after each draft token while the draft is
+            // what the sampler picks: the accepted ones are already in the cache.
+            let mut k = 0;
+            let finish = loop {
+                let row = logits.row(row_of[r.first + k]);
+                if let Some(f) = self.sample(r.slot, row, r.pos + 1 + k) {
+                    break Some(f);
+                }
+                let picked = self.slots[r.slot].next;
+                if k < r.drafts.len() && picked == Some(r.drafts[k]) {
+                    k += 1;
+                    continue;
+                }
+                break None;
             };
-            if let Some(finish) = self.sample(i, logits.row(r)) {
-                done.push((i, finish));
+            if !r.drafts.is_empty() {
+                let g = &self.gauges;
+                g.draft_tokens
+                    .fetch_add(r.drafts.len() as u64, Ordering::Relaxed);
+                g.draft_accepted.fetch_add(k as u64, Ordering::Relaxed);
+                // The rejected part of the draft leaves the cache.
+                let seq = self.slots[r.slot].seq;
+                let _ = self.ctx.kv_mut().truncate(seq, r.pos + 1 + k);
+            }
+            if let Some(f) = finish {
+                done.push((r.slot, f));
             }
         }
         done.sort_by_key(|d| std::cmp::Reverse(d.0));
@@ -680,11 +729,25 @@ impl<'m, 't> Engine<'m, 't> {
         }
     }
 
-    /// Samples slot `i`'s next token from its logits; `Some` when it is finished.
-    fn sample(&mut self, i: usize, logits: &[f32]) -> Option<Finish> {
+    /// A prompt-lookup draft for a greedy, unconstrained slot about to decode at `pos`
+    /// (`--draft-lookup`); empty otherwise.
+    fn draft_for(&self, s: &Slot<'_>, pos: usize) -> Vec<u32> {
+        let max = self.config.max_draft;
+        if max == 0 || s.constraint.is_some() || !s.sampler.is_greedy() {
+            return Vec::new();
+        }
+        let n_ctx = s.job.n_ctx.min(self.config.n_ctx);
+        let room = (n_ctx.saturating_sub(pos + 1))
+            .min(s.job.max_tokens.saturating_sub(s.generated + 1))
+            .min(max);
+        lookup_draft(&s.history, room).to_vec()
+    }
+
+    /// Samples slot `i`'s next token from the logits after its first `kv_len`
+    /// positions; `Some` when it is finished.
+    fn sample(&mut self, i: usize, logits: &[f32], kv_len: usize) -> Option<Finish> {
         let n_ctx_server = self.config.n_ctx;
         let tok = self.tok;
-        let kv_len = self.ctx.kv().len(self.slots[i].seq).unwrap_or(0);
         let s = &mut self.slots[i];
         s.first_token.get_or_insert_with(Instant::now);
         let id = match &mut s.constraint {

@@ -54,6 +54,10 @@ pub struct Args {
     /// Load every -m model at start (/health answers 503 until they are loaded).
     #[arg(long)]
     preload: bool,
+    /// Prompt-lookup speculation for greedy requests: up to N draft tokens per step,
+    /// verified in the same batch (the output is unchanged; 0: off).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    draft_lookup: usize,
     /// Seconds SIGTERM waits for running requests before exiting.
     #[arg(long, default_value_t = 30, value_name = "SECS")]
     drain_timeout: u64,
@@ -147,6 +151,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             args.ctx_size
         );
     }
+    if args.draft_lookup > 64 {
+        bail!(
+            "--draft-lookup {}: at most 64 draft tokens",
+            args.draft_lookup
+        );
+    }
     if args.max_body < 1024 {
         bail!("--max-body {}: at least 1024 bytes", args.max_body);
     }
@@ -176,6 +186,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             n_ctx: args.ctx_size,
             parallel: args.parallel,
             queue: args.queue,
+            max_draft: args.draft_lookup,
         },
         api_key,
         cors_origins: args.cors_origin.clone(),
