@@ -10,6 +10,7 @@
 //! below the maximum logit). The arithmetic below follows llama.cpp's, float for float.
 
 use anyhow::{Context, bail};
+use llamay_formats::nearest_int;
 use std::io::{Read, Write};
 
 const MAGIC: &[u8; 8] = b"_logits_";
@@ -17,12 +18,6 @@ const MAGIC: &[u8; 8] = b"_logits_";
 /// `u16` per row: the two floats, the vocabulary rounded up to even.
 pub fn row_len(n_vocab: usize) -> usize {
     2 * n_vocab.div_ceil(2) + 4
-}
-
-/// ggml's `nearest_int`: round to nearest, ties to even, for |x| < 2²².
-fn nearest_int(x: f32) -> i32 {
-    let v = x + 12_582_912.0;
-    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
 /// Quantises one position's logits into `out` (a row of [`row_len`]) and returns the
@@ -471,14 +466,6 @@ impl Kld {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nearest_int_rounds_half_to_even() {
-        assert_eq!(nearest_int(2.5), 2);
-        assert_eq!(nearest_int(3.5), 4);
-        assert_eq!(nearest_int(65534.6), 65535);
-        assert_eq!(nearest_int(0.49), 0);
-    }
 
     #[test]
     fn a_written_file_reads_back_and_scores_itself_at_zero() {

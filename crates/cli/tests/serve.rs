@@ -664,6 +664,30 @@ fn serve_beyond_parallel_and_queue_requests_get_503_with_retry_after() {
     assert!(text.contains("llamay_requests_rejected_total 1"), "{text}");
 }
 
+/// The route a test request goes to: chat when it has messages.
+fn route(r: &Value) -> &'static str {
+    if r.get("messages").is_some() {
+        "/api/chat"
+    } else {
+        "/api/generate"
+    }
+}
+
+/// Every request sent at once, one thread each: the answers in request order.
+fn all_at_once(s: &Serve, requests: &[Value]) -> Vec<Value> {
+    let handles: Vec<_> = requests
+        .iter()
+        .cloned()
+        .map(|r| {
+            let url = s.url(route(&r));
+            std::thread::spawn(move || -> Value {
+                client().post(url).json(&r).send().unwrap().json().unwrap()
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// Greedy (and seeded) answers are the same bits whatever runs beside them.
 #[test]
 fn serve_six_concurrent_requests_each_equal_the_same_request_alone() {
@@ -696,18 +720,11 @@ fn serve_six_concurrent_requests_each_equal_the_same_request_alone() {
             .unwrap_or_else(|| panic!("{v}"))
             .to_string()
     };
-    let path = |r: &Value| {
-        if r.get("messages").is_some() {
-            "/api/chat"
-        } else {
-            "/api/generate"
-        }
-    };
     // Alone, one after another, on a fresh server (nothing cached yet).
     let alone: Vec<String> = requests
         .iter()
         .map(|r| {
-            let (st, v) = s.post(path(r), r);
+            let (st, v) = s.post(route(r), r);
             assert_eq!(st, 200, "{v}");
             text(&v)
         })
@@ -715,19 +732,7 @@ fn serve_six_concurrent_requests_each_equal_the_same_request_alone() {
     // All six at once (four decode together, two wait; the long prompt is prefilled in
     // chunks beside the others' decoding, and every prompt now shares a cached prefix).
     for round in 0..2 {
-        let handles: Vec<_> = requests
-            .iter()
-            .cloned()
-            .map(|r| {
-                let url = s.url(path(&r));
-                std::thread::spawn(move || {
-                    let v: Value = client().post(url).json(&r).send().unwrap().json().unwrap();
-                    v
-                })
-            })
-            .collect();
-        for (i, h) in handles.into_iter().enumerate() {
-            let v = h.join().unwrap();
+        for (i, v) in all_at_once(&s, &requests).into_iter().enumerate() {
             assert_eq!(
                 text(&v),
                 alone[i],
@@ -771,19 +776,7 @@ fn serve_six_concurrent_requests_each_equal_the_same_request_alone() {
     ]);
     let mut requests = requests;
     requests.push(code_req);
-    let handles: Vec<_> = requests
-        .iter()
-        .cloned()
-        .map(|r| {
-            let url = s.url(path(&r));
-            std::thread::spawn(move || {
-                let v: Value = client().post(url).json(&r).send().unwrap().json().unwrap();
-                v
-            })
-        })
-        .collect();
-    for (i, h) in handles.into_iter().enumerate() {
-        let v = h.join().unwrap();
+    for (i, v) in all_at_once(&s, &requests).into_iter().enumerate() {
         assert_eq!(
             text(&v),
             alone[i],

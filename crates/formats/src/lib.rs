@@ -15,6 +15,7 @@ mod tables;
 pub mod types;
 
 pub use dequant::dequantize;
+pub use num::nearest_int;
 pub use quant::{quantize, quantize_mxfp4_for_fixtures};
 pub use types::{ALL_TYPES, GgmlType, Support, TypeIdError, readable_type_names};
 

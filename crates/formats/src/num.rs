@@ -3,7 +3,7 @@
 
 /// ggml's `nearest_int`: round to nearest even through the 1.5·2^23 magic-number trick.
 /// Exact for |v| ≤ 2^22; beyond that (or for NaN) it returns the same garbage C returns.
-pub(crate) fn nearest_int(v: f32) -> i32 {
+pub fn nearest_int(v: f32) -> i32 {
     let bits = (v + 12_582_912.0f32).to_bits() as i32;
     (bits & 0x007f_ffff) - 0x0040_0000
 }

@@ -432,15 +432,9 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
             }
             Some(Event::Failed(why)) => {
                 st.metrics.failed();
-                Out {
-                    objects: vec![json!({ "error": why })],
-                    end: true,
-                }
+                stream::failed(Some(why), false)
             }
-            None => Out {
-                objects: vec![json!({"error": "the engine stopped"})],
-                end: true,
-            },
+            None => stream::failed(None, false),
         }
     };
     if stream {
@@ -625,15 +619,9 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
             }
             Some(Event::Failed(why)) => {
                 st.metrics.failed();
-                Out {
-                    objects: vec![json!({ "error": why })],
-                    end: true,
-                }
+                stream::failed(Some(why), false)
             }
-            None => Out {
-                objects: vec![json!({"error": "the engine stopped"})],
-                end: true,
-            },
+            None => stream::failed(None, false),
         }
     };
     if stream {

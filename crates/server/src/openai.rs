@@ -377,17 +377,9 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
             }
             Some(Event::Failed(why)) => {
                 st.metrics.failed();
-                Out {
-                    objects: vec![json!({"error": {"message": why, "type": "server_error"}})],
-                    end: true,
-                }
+                stream::failed(Some(why), true)
             }
-            None => Out {
-                objects: vec![
-                    json!({"error": {"message": "the engine stopped", "type": "server_error"}}),
-                ],
-                end: true,
-            },
+            None => stream::failed(None, true),
         }
     };
     if c.stream {
@@ -502,17 +494,21 @@ fn prompt_tokens(model: &Loaded, p: &PromptInput) -> std::result::Result<Vec<u32
     let n_vocab = model.tok.n_vocab();
     match p {
         PromptInput::Text(s) => Ok(model.tok.encode(s.as_bytes(), true, true)),
-        PromptInput::Ids(ids) => ids
-            .iter()
-            .map(|&id| match usize::try_from(id) {
-                Ok(u) if u < n_vocab => Ok(u as u32),
-                _ => Err(ApiError::field(
-                    "prompt",
-                    format!("token id {id} is outside the vocabulary [0, {n_vocab})"),
-                )),
-            })
-            .collect(),
+        PromptInput::Ids(ids) => token_ids(ids, n_vocab, "prompt"),
     }
+}
+
+/// Token ids a client gave, each checked against the vocabulary (400 naming `field`).
+fn token_ids(ids: &[i64], n_vocab: usize, field: &str) -> std::result::Result<Vec<u32>, ApiError> {
+    ids.iter()
+        .map(|&id| match usize::try_from(id) {
+            Ok(u) if u < n_vocab => Ok(u as u32),
+            _ => Err(ApiError::field(
+                field,
+                format!("token id {id} is outside the vocabulary [0, {n_vocab})"),
+            )),
+        })
+        .collect()
 }
 
 /// A checked `/v1/completions` body.
@@ -641,17 +637,9 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
             }
             Some(Event::Failed(why)) => {
                 st.metrics.failed();
-                Out {
-                    objects: vec![json!({"error": {"message": why, "type": "server_error"}})],
-                    end: true,
-                }
+                stream::failed(Some(why), true)
             }
-            None => Out {
-                objects: vec![
-                    json!({"error": {"message": "the engine stopped", "type": "server_error"}}),
-                ],
-                end: true,
-            },
+            None => stream::failed(None, true),
         }
     };
     if c.stream {
@@ -777,16 +765,7 @@ async fn embeddings(axum::extract::State(s): State, body: Body) -> Result<Respon
     for it in items {
         inputs.push(match it {
             Input::Text(t) => generate::embedding_inputs(&model, &[t], false)?.0.remove(0),
-            Input::Ids(ids) => ids
-                .iter()
-                .map(|&id| match usize::try_from(id) {
-                    Ok(u) if u < n_vocab => Ok(u as u32),
-                    _ => Err(ApiError::field(
-                        "input",
-                        format!("token id {id} is outside the vocabulary [0, {n_vocab})"),
-                    )),
-                })
-                .collect::<std::result::Result<_, _>>()?,
+            Input::Ids(ids) => token_ids(&ids, n_vocab, "input")?,
         });
     }
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();

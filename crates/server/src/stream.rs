@@ -25,6 +25,21 @@ pub struct Out {
     pub end: bool,
 }
 
+/// The last object of a stream whose request failed (`why`), or whose engine went
+/// away before finishing it (`None`), in the API's error shape.
+pub fn failed(why: Option<String>, openai: bool) -> Out {
+    let message = why.unwrap_or_else(|| "the engine stopped".into());
+    let object = if openai {
+        serde_json::json!({"error": {"message": message, "type": "server_error"}})
+    } else {
+        serde_json::json!({ "error": message })
+    };
+    Out {
+        objects: vec![object],
+        end: true,
+    }
+}
+
 /// A streaming response: `convert` turns every event (and `None` if the engine went
 /// away without finishing) into the objects sent.
 pub fn respond<S: Send + 'static>(
