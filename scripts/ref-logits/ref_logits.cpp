@@ -13,12 +13,19 @@
 //       JSON object on stdout: prompt_tokens, tokens, text (pieces joined, special
 //       tokens not rendered, as llama-completion prints them), eog.
 //
+//       A mixture of experts also gets "router_margin" in the JSON it prints: the
+//       smallest gap, over every token and layer, between the k-th and (k+1)-th largest
+//       router logit (ffn_moe_logits-N, k = <arch>.expert_used_count): how far the
+//       fixture's routing is from a tie another implementation could break otherwise.
+//
 //   common options: --threads N (2)  --ctx N (512)  --batch N (512)  --ubatch N (512)
 //                   --kv f32|f16 (f32)  --fa off|on|auto (off)  --swa-full 0|1 (0)
 //                   --repack 0|1 (0: no extra buffer types, like llama.cpp's --no-repack)
 #include "llama.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -100,6 +107,37 @@ static opts parse(int argc, char ** argv) {
     return o;
 }
 
+// Router margins seen by the eval callback (see the header).
+struct router_watch {
+    int top_k = 0;
+    double margin = INFINITY;
+    long decisions = 0;
+};
+static router_watch g_router;
+
+static bool watch_router(struct ggml_tensor * t, bool ask, void *) {
+    const bool is_router = strncmp(t->name, "ffn_moe_logits-", 15) == 0;
+    if (ask) return is_router;
+    if (!is_router || t->type != GGML_TYPE_F32 || g_router.top_k <= 0) return true;
+    const int64_t n_exp = t->ne[0], n_tok = t->ne[1];
+    if (g_router.top_k >= n_exp) return true;
+    std::vector<float> v((size_t) n_exp * n_tok);
+    ggml_backend_tensor_get(t, v.data(), 0, v.size() * sizeof(float));
+    for (int64_t j = 0; j < n_tok; j++) {
+        std::vector<float> col(v.begin() + j * n_exp, v.begin() + (j + 1) * n_exp);
+        std::sort(col.begin(), col.end(), std::greater<float>());
+        g_router.margin = std::min(g_router.margin, (double) col[g_router.top_k - 1] - col[g_router.top_k]);
+        g_router.decisions++;
+    }
+    return true;
+}
+
+static int meta_int(llama_model * model, const std::string & key) {
+    char buf[128];
+    if (llama_model_meta_val_str(model, key.c_str(), buf, sizeof buf) < 0) return 0;
+    return atoi(buf);
+}
+
 static llama_context * make_ctx(llama_model * model, const opts & o) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = o.n_ctx;
@@ -110,6 +148,14 @@ static llama_context * make_ctx(llama_model * model, const opts & o) {
     cp.n_threads_batch = o.threads;
     cp.no_perf = true;
     cp.swa_full = o.swa_full;
+    char arch[64];
+    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) >= 0) {
+        g_router.top_k = meta_int(model, std::string(arch) + ".expert_used_count");
+    }
+    if (g_router.top_k > 0) {
+        cp.cb_eval = watch_router;
+        cp.cb_eval_user_data = nullptr;
+    }
     if (o.kv == "f32") { cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32; }
     else if (o.kv == "f16") { cp.type_k = GGML_TYPE_F16; cp.type_v = GGML_TYPE_F16; }
     else die("--kv must be f32 or f16");
@@ -202,7 +248,12 @@ static int run_logits(llama_model * model, const opts & o) {
     // x86-64 and aarch64 are little-endian: the in-memory floats are the file format.
     fwrite(all.data(), sizeof(float), all.size(), f);
     fclose(f);
-    printf("{\"n_tokens\": %d, \"n_vocab\": %d}\n", n, n_vocab);
+    if (g_router.decisions > 0) {
+        printf("{\"n_tokens\": %d, \"n_vocab\": %d, \"router_margin\": %.6g, \"router_decisions\": %ld}\n",
+               n, n_vocab, g_router.margin, g_router.decisions);
+    } else {
+        printf("{\"n_tokens\": %d, \"n_vocab\": %d}\n", n, n_vocab);
+    }
     llama_free(ctx);
     return 0;
 }

@@ -1,6 +1,7 @@
 //! The architecture table: one row per declared `general.architecture` name. A row says
 //! how the one generic block (forward.rs) runs that family; adding a dense family is
-//! adding a row here and, if its metadata is lossy, a line in config.rs.
+//! adding a row here and, if its metadata is lossy, a line in config.rs; a mixture of
+//! experts is a row whose `experts` names its router's rules.
 //! Facts from llama.cpp b11434 (`src/llama-arch.cpp`, `src/models/*.cpp`).
 
 /// Normalisation before attention / feed-forward.
@@ -34,6 +35,40 @@ pub enum FfnKind {
     Gelu,
     /// Phi-3: `ffn_up` holds gate and up stacked; down(silu(first half) * second half)
     SwiGluStacked,
+}
+
+/// How a router's logits become the weights of the experts it picks (llama.cpp's
+/// `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over every expert, then the top k by probability.
+    Softmax,
+}
+
+/// A mixture of experts in place of the dense feed-forward network: a router picks
+/// `expert_used_count` of `expert_count` experts per token (both from the file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeSpec {
+    pub gating: Gating,
+    /// The picked experts' weights are divided by their sum (llama.cpp's `norm_w`).
+    pub normalize_weights: bool,
+    /// Experts are `expert_feed_forward_length` wide (else feed_forward_length /
+    /// expert_used_count, as Qwen's loaders); false: feed_forward_length (Mixtral).
+    pub width_key: bool,
+    /// A shared expert every token runs, scaled by sigmoid(`ffn_gate_inp_shexp` · x),
+    /// `expert_shared_feed_forward_length` wide (else feed_forward_length): Qwen2-MoE.
+    pub shared_expert: bool,
+}
+
+/// Whether a family's feed-forward network is a mixture of experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Experts {
+    /// Always dense (an `expert_count` key is ignored, as llama.cpp's loader does).
+    Never,
+    /// A mixture when the file's `expert_count` is above 0 (Mixtral is `llama`).
+    WhenCounted(MoeSpec),
+    /// Always a mixture; `expert_count` is required.
+    Always(MoeSpec),
 }
 
 /// How attention and feed-forward outputs reach the residual stream.
@@ -79,6 +114,8 @@ pub struct ArchSpec {
     /// Per-head RMS norms on Q and K after projection (Qwen3, Gemma 3).
     pub qk_norm: bool,
     pub ffn: FfnKind,
+    /// Whether the FFN is a mixture of experts (then `ffn` is each expert's kind).
+    pub experts: Experts,
     pub residual: Residual,
     /// Token embeddings are multiplied by sqrt(n_embd) (Gemma).
     pub embed_scale_sqrt: bool,
@@ -101,6 +138,7 @@ const BASE: ArchSpec = ArchSpec {
     qkv: QkvLayout::Separate,
     qk_norm: false,
     ffn: FfnKind::SwiGlu,
+    experts: Experts::Never,
     residual: Residual::Sequential,
     embed_scale_sqrt: false,
     post_norms: false,
@@ -114,7 +152,13 @@ const BASE: ArchSpec = ArchSpec {
 pub const ARCHITECTURES: &[ArchSpec] = &[
     ArchSpec {
         name: "llama",
-        covers: "Llama 1-3, most fine-tunes",
+        covers: "Llama 1-3, most fine-tunes; Mixtral (with expert_count)",
+        experts: Experts::WhenCounted(MoeSpec {
+            gating: Gating::Softmax,
+            normalize_weights: true,
+            width_key: false,
+            shared_expert: false,
+        }),
         ..BASE
     },
     ArchSpec {
@@ -138,6 +182,31 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         covers: "Qwen 3",
         rope: RopeStyle::Neox,
         qk_norm: true,
+        ..BASE
+    },
+    ArchSpec {
+        name: "qwen2moe",
+        covers: "Qwen1.5-MoE, Qwen2-MoE",
+        rope: RopeStyle::Neox,
+        experts: Experts::Always(MoeSpec {
+            gating: Gating::Softmax,
+            normalize_weights: false,
+            width_key: true,
+            shared_expert: true,
+        }),
+        ..BASE
+    },
+    ArchSpec {
+        name: "qwen3moe",
+        covers: "Qwen3-MoE",
+        rope: RopeStyle::Neox,
+        qk_norm: true,
+        experts: Experts::Always(MoeSpec {
+            gating: Gating::Softmax,
+            normalize_weights: true,
+            width_key: true,
+            shared_expert: false,
+        }),
         ..BASE
     },
     ArchSpec {

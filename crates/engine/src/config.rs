@@ -3,7 +3,7 @@
 //! module is where it does.
 
 use crate::LoadError;
-use crate::arch::{ArchSpec, NormKind, SwaPattern};
+use crate::arch::{ArchSpec, Experts, MoeSpec, NormKind, SwaPattern};
 use crate::rope::{RopeParams, RopeScaling};
 use llamay_gguf::{Metadata, Model as Gguf, Value};
 
@@ -40,6 +40,79 @@ pub struct Config {
     pub attn_scale: f32,
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
+    /// The mixture of experts, when the FFN is one.
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture of experts' shape: the row's rules with the file's counts.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeConfig {
+    pub spec: MoeSpec,
+    pub n_expert: usize,
+    /// Experts each token uses (top-k).
+    pub n_expert_used: usize,
+    /// Each expert's hidden width.
+    pub n_ff_exp: usize,
+    /// The shared expert's hidden width (when the row has one).
+    pub n_ff_shexp: usize,
+}
+
+/// llama.cpp's LLAMA_MAX_EXPERTS.
+const MAX_EXPERTS: usize = 512;
+
+impl MoeConfig {
+    fn from_keys(
+        arch: &ArchSpec,
+        k: &Keys<'_, '_>,
+        n_ff: usize,
+    ) -> Result<Option<MoeConfig>, LoadError> {
+        let n_expert = k.count("expert_count")?.unwrap_or(0);
+        let spec = match arch.experts {
+            Experts::Never => return Ok(None),
+            Experts::WhenCounted(_) if n_expert == 0 => return Ok(None),
+            Experts::WhenCounted(spec) | Experts::Always(spec) => spec,
+        };
+        if n_expert == 0 {
+            return Err(LoadError::Metadata(format!(
+                "'{}' is missing or 0; {} is a mixture of experts",
+                k.key("expert_count"),
+                arch.name
+            )));
+        }
+        let n_expert_used = k.count("expert_used_count")?.unwrap_or(0);
+        if n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
+            return Err(LoadError::Metadata(format!(
+                "{n_expert} experts with {n_expert_used} used per token: a mixture has 1 to {MAX_EXPERTS} experts and uses 1 to all of them"
+            )));
+        }
+        if k.count("expert_group_count")?.unwrap_or(0) > 1 {
+            return Err(LoadError::Unsupported(format!(
+                "'{}' above 1: grouped expert routing (DeepSeek's) is not implemented",
+                k.key("expert_group_count")
+            )));
+        }
+        let n_ff_exp = match k.count("expert_feed_forward_length")? {
+            Some(n) if spec.width_key && n > 0 => n,
+            _ if spec.width_key => n_ff / n_expert_used,
+            _ => n_ff,
+        };
+        let n_ff_shexp = match k.count("expert_shared_feed_forward_length")? {
+            Some(n) if n > 0 => n,
+            _ => n_ff,
+        };
+        if n_ff_exp == 0 || n_ff_exp > MAX_DIM || n_ff_shexp > MAX_DIM {
+            return Err(LoadError::Metadata(format!(
+                "implausible expert widths {n_ff_exp}/{n_ff_shexp}"
+            )));
+        }
+        Ok(Some(MoeConfig {
+            spec,
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
+            n_ff_shexp,
+        }))
+    }
 }
 
 fn md_err(e: llamay_gguf::MetadataTypeError) -> LoadError {
@@ -278,6 +351,7 @@ impl Config {
             )));
         }
         let n_vocab = n_vocab as usize;
+        let moe = MoeConfig::from_keys(arch, &k, n_ff)?;
         Ok(Config {
             arch,
             n_vocab,
@@ -300,6 +374,7 @@ impl Config {
             attn_scale,
             attn_softcap,
             final_softcap,
+            moe,
         })
     }
 

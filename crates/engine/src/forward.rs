@@ -6,10 +6,11 @@ use crate::attention::{self, Shape, Slot};
 use crate::batch::{BatchToken, Hidden, Logits};
 use crate::context::Context;
 use crate::kv::{LayerKv, SeqId};
+use crate::moe::{self, MoeScratch};
 use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm};
 use crate::rope::{self, RopeParams};
 use crate::tensor::matmul_quantized;
-use crate::weights::{Linear, Norm};
+use crate::weights::{DenseFfn, Ffn, Linear, Norm};
 use crate::{DecodeError, Model};
 use llamay_kernels::{QuantizedRows, ThreadPool};
 use std::collections::BTreeMap;
@@ -96,7 +97,7 @@ fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize, pool: &ThreadPool) 
 
 /// `outs[i] = W_i x + b_i` for projections that read the same input `x`: it is
 /// quantised once per dot type (into `act`), not once per projection.
-fn linears(
+pub(crate) fn linears(
     ls: &[&Linear<'_>],
     x: &[f32],
     act: &mut QuantizedRows,
@@ -117,7 +118,7 @@ fn linears(
 }
 
 /// `out = W x + b`.
-fn linear(
+pub(crate) fn linear(
     l: &Linear<'_>,
     x: &[f32],
     act: &mut QuantizedRows,
@@ -164,10 +165,17 @@ pub(crate) struct Scratch {
 
 #[derive(Default)]
 struct FfnScratch {
+    dense: FfnBuffers,
+    moe: MoeScratch,
+}
+
+/// One dense network's intermediate values and output.
+#[derive(Default)]
+pub(crate) struct FfnBuffers {
     up: Vec<f32>,
     gate: Vec<f32>,
-    /// The FFN's output.
-    down: Vec<f32>,
+    /// The network's output.
+    pub(crate) down: Vec<f32>,
 }
 
 impl Context<'_> {
@@ -367,7 +375,7 @@ impl Context<'_> {
                     let norm = layer.ffn_norm.as_ref();
                     norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
                     model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
-                    add_into(&mut x, &s.ffn.down, None, threads);
+                    add_into(&mut x, s.ffn.output(), None, threads);
                 }
                 Residual::Parallel { shared_norm } => {
                     if shared_norm {
@@ -377,7 +385,7 @@ impl Context<'_> {
                         norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
                         model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
                     }
-                    add_into(&mut x, &s.o, Some(&s.ffn.down), threads);
+                    add_into(&mut x, &s.o, Some(s.ffn.output()), threads);
                 }
             }
         }
@@ -425,8 +433,50 @@ enum Head {
     Hidden,
 }
 
+impl FfnScratch {
+    /// The last FFN's output (after the post-FFN norm).
+    fn output(&self) -> &[f32] {
+        &self.dense.down
+    }
+}
+
+/// `f.down = ffn(h)` for the rows of `h` (`kind` as the architecture row says).
+pub(crate) fn dense_ffn(
+    kind: FfnKind,
+    ffn: &DenseFfn<'_>,
+    h: &[f32],
+    f: &mut FfnBuffers,
+    act: &mut QuantizedRows,
+    threads: &ThreadPool,
+) {
+    match (kind, &ffn.gate) {
+        (FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu, Some(gate)) => {
+            let outs: &mut [&mut Vec<f32>] = &mut [&mut f.up, &mut f.gate];
+            linears(&[&ffn.up, gate], h, act, outs, threads);
+            let (up, g) = (&mut f.up, &f.gate);
+            if kind == FfnKind::GeGlu {
+                // up *= gelu(g), a piece per task (GELU works in place).
+                threads.for_each_chunk_mut(up, ELEMS_PER_TASK, |i, u| {
+                    let mut gi = g[i * ELEMS_PER_TASK..][..u.len()].to_vec();
+                    gelu_slice(&mut gi);
+                    u.iter_mut().zip(&gi).for_each(|(u, g)| *u *= g);
+                });
+            } else {
+                llamay_kernels::swiglu(up, g, threads);
+            }
+        }
+        (FfnKind::Gelu, _) => {
+            linear(&ffn.up, h, act, &mut f.up, threads);
+            threads.for_each_chunk_mut(&mut f.up, ELEMS_PER_TASK, |_, u| gelu_slice(u));
+        }
+        // The binder gives every gated kind its gate.
+        (_, None) => linear(&ffn.up, h, act, &mut f.up, threads),
+    }
+    linear(&ffn.down, &f.up, act, &mut f.down, threads);
+}
+
 impl Model<'_> {
-    /// The FFN of `h` into `f.down`.
+    /// The FFN of `h` into `f.output()`.
     fn ffn(
         &self,
         threads: &ThreadPool,
@@ -435,40 +485,20 @@ impl Model<'_> {
         f: &mut FfnScratch,
         act: &mut QuantizedRows,
     ) {
-        match self.config.arch.ffn {
-            FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu => {
-                if let Some(gate) = &layer.ffn_gate {
-                    let outs: &mut [&mut Vec<f32>] = &mut [&mut f.up, &mut f.gate];
-                    linears(&[&layer.ffn_up, gate], h, act, outs, threads);
-                    let (up, g) = (&mut f.up, &f.gate);
-                    if self.config.arch.ffn == FfnKind::GeGlu {
-                        // up *= gelu(g), a piece per task (GELU works in place).
-                        threads.for_each_chunk_mut(up, ELEMS_PER_TASK, |i, u| {
-                            let mut gi = g[i * ELEMS_PER_TASK..][..u.len()].to_vec();
-                            gelu_slice(&mut gi);
-                            u.iter_mut().zip(&gi).for_each(|(u, g)| *u *= g);
-                        });
-                    } else {
-                        llamay_kernels::swiglu(up, g, threads);
-                    }
-                } else {
-                    linear(&layer.ffn_up, h, act, &mut f.up, threads);
-                }
+        let cfg = &self.config;
+        match &layer.ffn {
+            Ffn::Moe(m) => {
+                let mixture = moe::Mixture {
+                    weights: m,
+                    kind: cfg.arch.ffn,
+                    n_embd: cfg.n_embd,
+                };
+                mixture.forward(h, &mut f.moe, &mut f.dense.down, act, threads);
             }
-            FfnKind::Gelu => {
-                linear(&layer.ffn_up, h, act, &mut f.up, threads);
-                threads.for_each_chunk_mut(&mut f.up, ELEMS_PER_TASK, |_, u| gelu_slice(u));
-            }
+            Ffn::Dense(d) => dense_ffn(cfg.arch.ffn, d, h, &mut f.dense, act, threads),
         }
-        linear(&layer.ffn_down, &f.up, act, &mut f.down, threads);
         if let Some(w) = &layer.post_ffn_norm {
-            rms_rows(
-                &mut f.down,
-                w,
-                self.config.norm_eps,
-                self.config.n_embd,
-                threads,
-            );
+            rms_rows(&mut f.dense.down, w, cfg.norm_eps, cfg.n_embd, threads);
         }
     }
 

@@ -14,6 +14,7 @@ mod context;
 mod forward;
 pub mod grammar;
 pub mod kv;
+mod moe;
 mod ops;
 pub mod rope;
 pub mod sample;

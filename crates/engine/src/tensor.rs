@@ -87,7 +87,10 @@ impl<'a> Matrix<'a> {
     /// Rows `range` of this matrix as a matrix of its own (zero copy): how a stacked
     /// projection (Phi-3's gate+up, fused QKV) is split at load.
     pub fn rows_slice(&self, range: Range<usize>) -> Matrix<'a> {
-        let data = &self.data[range.start * self.row_bytes..range.end * self.row_bytes];
+        // A header-only parse binds shapes without data (see `ReadData`): its parts are
+        // empty too.
+        let bytes = range.start * self.row_bytes..range.end * self.row_bytes;
+        let data = self.data.get(bytes).unwrap_or_default();
         Matrix {
             rows: range.len(),
             data,

@@ -4,7 +4,7 @@
 
 use crate::LoadError;
 use crate::arch::{FfnKind, NormKind, QkvLayout, Residual};
-use crate::config::Config;
+use crate::config::{Config, MoeConfig};
 use crate::rope::RopeFactors;
 use crate::tensor::{Matrix, vector};
 use llamay_gguf::{Model as Gguf, TensorInfo};
@@ -45,10 +45,88 @@ pub struct Layer<'a> {
     pub attn_out: Linear<'a>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Option<Norm>,
-    pub ffn_gate: Option<Linear<'a>>,
-    pub ffn_up: Linear<'a>,
-    pub ffn_down: Linear<'a>,
+    pub ffn: Ffn<'a>,
     pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A dense feed-forward network: down(act(gate x) * up x), or down(act(up x)) without
+/// a gate.
+#[derive(Clone, Debug)]
+pub struct DenseFfn<'a> {
+    pub gate: Option<Linear<'a>>,
+    pub up: Linear<'a>,
+    pub down: Linear<'a>,
+}
+
+/// A mixture of experts (see `config::MoeConfig`).
+#[derive(Clone, Debug)]
+pub struct MoeFfn<'a> {
+    pub config: MoeConfig,
+    /// `ffn_gate_inp`: one logit per expert.
+    pub router: Linear<'a>,
+    /// Expert `i`: rows of the stacked `ffn_{gate,up,down}_exps` tensors (zero copy).
+    pub experts: Vec<DenseFfn<'a>>,
+    pub shared: Option<SharedExpert<'a>>,
+}
+
+/// Qwen2-MoE's shared expert, weighted by sigmoid(gate_inp · x).
+#[derive(Clone, Debug)]
+pub struct SharedExpert<'a> {
+    pub gate_inp: Vec<f32>,
+    pub ffn: DenseFfn<'a>,
+}
+
+/// A layer's feed-forward network. (One per layer, built once at load: the variants'
+/// sizes do not matter.)
+#[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Ffn<'a> {
+    Dense(DenseFfn<'a>),
+    Moe(MoeFfn<'a>),
+}
+
+impl<'a> DenseFfn<'a> {
+    fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear<'a>> {
+        [&mut self.up, &mut self.down]
+            .into_iter()
+            .chain(self.gate.as_mut())
+    }
+
+    fn linears(&self) -> impl Iterator<Item = &Linear<'a>> {
+        [&self.up, &self.down].into_iter().chain(self.gate.as_ref())
+    }
+}
+
+impl<'a> Ffn<'a> {
+    /// Every projection of the network, experts and router included.
+    fn linears_mut(&mut self) -> Vec<&mut Linear<'a>> {
+        match self {
+            Ffn::Dense(d) => d.linears_mut().collect(),
+            Ffn::Moe(m) => {
+                let shared = m.shared.as_mut().map(|s| &mut s.ffn);
+                std::iter::once(&mut m.router)
+                    .chain(
+                        m.experts
+                            .iter_mut()
+                            .chain(shared)
+                            .flat_map(DenseFfn::linears_mut),
+                    )
+                    .collect()
+            }
+        }
+    }
+
+    fn linears(&self) -> Vec<&Linear<'a>> {
+        match self {
+            Ffn::Dense(d) => d.linears().collect(),
+            Ffn::Moe(m) => {
+                let shared = m.shared.as_ref().map(|s| &s.ffn);
+                std::iter::once(&m.router)
+                    .chain(m.experts.iter().chain(shared).flat_map(DenseFfn::linears))
+                    .collect()
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -124,6 +202,96 @@ impl<'a> Binder<'_, 'a> {
                 "the file has both rope_freqs.weight and LongRoPE's rope_factors_long/short.weight; a model has one kind of rope factors".into(),
             )),
         }
+    }
+
+    /// A stacked 3-D tensor `name` of shape [cols, rows, n] as `n` matrices (zero copy).
+    fn stacked(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        n: usize,
+    ) -> Result<Vec<Matrix<'a>>, LoadError> {
+        let t = self.require(name)?.clone();
+        let want = [cols as u64, rows as u64, n as u64];
+        if t.shape != want {
+            return Err(LoadError::Shape(format!(
+                "tensor '{name}' has shape {:?}, expected {want:?}",
+                t.shape
+            )));
+        }
+        let all = self.matrix(name, cols, rows * n)?;
+        Ok((0..n)
+            .map(|i| all.rows_slice(i * rows..(i + 1) * rows))
+            .collect())
+    }
+
+    /// A layer's dense feed-forward network (`ffn_gate`, `ffn_up`, `ffn_down`).
+    fn dense_ffn(
+        &mut self,
+        il: usize,
+        kind: FfnKind,
+        e: usize,
+        n_ff: usize,
+    ) -> Result<DenseFfn<'a>, LoadError> {
+        let p = |s: &str| format!("blk.{il}.{s}");
+        let (gate, up) = match kind {
+            FfnKind::SwiGlu | FfnKind::GeGlu => (
+                Some(self.linear(&p("ffn_gate"), e, n_ff)?),
+                self.linear(&p("ffn_up"), e, n_ff)?,
+            ),
+            FfnKind::Gelu => (None, self.linear(&p("ffn_up"), e, n_ff)?),
+            FfnKind::SwiGluStacked => {
+                let up = self.linear(&p("ffn_up"), e, 2 * n_ff)?;
+                let n = n_ff;
+                (
+                    Some(Linear::new(up.w.rows_slice(0..n), split_bias(&up.b, 0..n))),
+                    Linear::new(up.w.rows_slice(n..2 * n), split_bias(&up.b, n..2 * n)),
+                )
+            }
+        };
+        let down = self.linear(&p("ffn_down"), n_ff, e)?;
+        Ok(DenseFfn { gate, up, down })
+    }
+
+    /// A layer's mixture of experts: the router, the stacked experts, the shared expert.
+    fn moe(&mut self, il: usize, n_embd: usize, m: &MoeConfig) -> Result<MoeFfn<'a>, LoadError> {
+        let p = |s: &str| format!("blk.{il}.{s}");
+        let (e, ff, n) = (n_embd, m.n_ff_exp, m.n_expert);
+        // No bias: llama.cpp's loaders have none for these routers, so one is unbound.
+        let router = Linear::new(self.matrix(&p("ffn_gate_inp.weight"), e, n)?, None);
+        let gates = self.stacked(&p("ffn_gate_exps.weight"), e, ff, n)?;
+        let ups = self.stacked(&p("ffn_up_exps.weight"), e, ff, n)?;
+        let downs = self.stacked(&p("ffn_down_exps.weight"), ff, e, n)?;
+        let experts = (gates.into_iter().zip(ups).zip(downs))
+            .map(|((g, u), d)| DenseFfn {
+                gate: Some(Linear::new(g, None)),
+                up: Linear::new(u, None),
+                down: Linear::new(d, None),
+            })
+            .collect();
+        let shared = if m.spec.shared_expert {
+            let sf = m.n_ff_shexp;
+            let matrix = |b: &mut Self, s: &str, cols, rows| -> Result<Linear<'a>, LoadError> {
+                Ok(Linear::new(b.matrix(&p(s), cols, rows)?, None))
+            };
+            Some(SharedExpert {
+                gate_inp: self.vector(&p("ffn_gate_inp_shexp.weight"), e)?,
+                ffn: DenseFfn {
+                    gate: Some(matrix(self, "ffn_gate_shexp.weight", e, sf)?),
+                    up: matrix(self, "ffn_up_shexp.weight", e, sf)?,
+                    down: matrix(self, "ffn_down_shexp.weight", sf, e)?,
+                },
+            })
+        } else {
+            None
+        };
+        Ok(MoeFfn {
+            config: *m,
+            router,
+            experts,
+            shared,
+        })
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
@@ -219,22 +387,10 @@ impl<'a> Weights<'a> {
                 Residual::Parallel { shared_norm: true } => None,
                 _ => Some(b.norm(&p("ffn_norm"), arch.norm, e)?),
             };
-            let (ffn_gate, ffn_up) = match arch.ffn {
-                FfnKind::SwiGlu | FfnKind::GeGlu => (
-                    Some(b.linear(&p("ffn_gate"), e, cfg.n_ff)?),
-                    b.linear(&p("ffn_up"), e, cfg.n_ff)?,
-                ),
-                FfnKind::Gelu => (None, b.linear(&p("ffn_up"), e, cfg.n_ff)?),
-                FfnKind::SwiGluStacked => {
-                    let up = b.linear(&p("ffn_up"), e, 2 * cfg.n_ff)?;
-                    let n = cfg.n_ff;
-                    (
-                        Some(Linear::new(up.w.rows_slice(0..n), split_bias(&up.b, 0..n))),
-                        Linear::new(up.w.rows_slice(n..2 * n), split_bias(&up.b, n..2 * n)),
-                    )
-                }
+            let ffn = match &cfg.moe {
+                Some(m) => Ffn::Moe(b.moe(il, e, m)?),
+                None => Ffn::Dense(b.dense_ffn(il, arch.ffn, e, cfg.n_ff)?),
             };
-            let ffn_down = b.linear(&p("ffn_down"), cfg.n_ff, e)?;
             let post_ffn_norm = if arch.post_norms {
                 Some(b.vector(&p("post_ffw_norm.weight"), e)?)
             } else {
@@ -250,9 +406,7 @@ impl<'a> Weights<'a> {
                 attn_out,
                 post_attn_norm,
                 ffn_norm,
-                ffn_gate,
-                ffn_up,
-                ffn_down,
+                ffn,
                 post_ffn_norm,
             });
         }
@@ -283,16 +437,9 @@ impl<'a> Weights<'a> {
     /// Every projection, mutably: what `pack` walks.
     fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear<'a>> {
         let layers = self.layers.iter_mut().flat_map(|l| {
-            [
-                &mut l.q,
-                &mut l.k,
-                &mut l.v,
-                &mut l.attn_out,
-                &mut l.ffn_up,
-                &mut l.ffn_down,
-            ]
-            .into_iter()
-            .chain(l.ffn_gate.as_mut())
+            [&mut l.q, &mut l.k, &mut l.v, &mut l.attn_out]
+                .into_iter()
+                .chain(l.ffn.linears_mut())
         });
         std::iter::once(&mut self.output).chain(layers)
     }
@@ -300,9 +447,9 @@ impl<'a> Weights<'a> {
     /// Every projection.
     pub fn linears(&self) -> impl Iterator<Item = &Linear<'a>> {
         let layers = self.layers.iter().flat_map(|l| {
-            [&l.q, &l.k, &l.v, &l.attn_out, &l.ffn_up, &l.ffn_down]
+            [&l.q, &l.k, &l.v, &l.attn_out]
                 .into_iter()
-                .chain(l.ffn_gate.as_ref())
+                .chain(l.ffn.linears())
         });
         std::iter::once(&self.output).chain(layers)
     }

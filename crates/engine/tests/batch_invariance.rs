@@ -1,16 +1,23 @@
 //! Batch invariance, the server's promise (issue 14): a sequence's logits are the same
 //! bits whatever else its batch carries — other sequences' prompts or decode tokens,
 //! and however its own prompt was cut into chunks. Checked on the real Gemma 3 270M
-//! file (every kernel set runs it) and on synthetic files of every weight format.
+//! file (every kernel set runs it), on the mixture-of-experts fixtures (a token's
+//! experts run over whichever rows picked them) and on synthetic files of every weight
+//! format.
 //!
 //! Needs the model: `LLAMAY_GEMMA=$(scripts/fetch-models)` (scripts/test sets it).
+
+mod common;
 
 use llamay_engine::{BatchToken, Context, ContextParams, KvPrecision, Model, Threads};
 
 fn prompt(seed: u32, n: usize, vocab: u32) -> Vec<u32> {
     (0..n as u32)
         .map(|i| {
-            (i.wrapping_mul(2_654_435_761).wrapping_add(seed * 40_503) >> 7) % vocab.min(20_000) + 2
+            // Ids 2.. below the vocabulary (and 20,000).
+            (i.wrapping_mul(2_654_435_761).wrapping_add(seed * 40_503) >> 7)
+                % (vocab.min(20_000) - 2)
+                + 2
         })
         .collect()
 }
@@ -218,5 +225,19 @@ fn gemma_logits_do_not_depend_on_the_batch() {
     let model = Model::open(&path, Threads(2)).unwrap();
     for kv in [KvPrecision::F16, KvPrecision::Q8] {
         check(&model, kv, "gemma");
+    }
+}
+
+/// A mixture runs each expert over the rows that picked it, so a row's neighbours in
+/// that matmul change with the batch: its result must not.
+#[test]
+fn mixture_logits_do_not_depend_on_the_batch() {
+    for name in [
+        "llama-moe-Q4_K.gguf",
+        "qwen2moe-Q8_0.gguf",
+        "qwen3moe-F16.gguf",
+    ] {
+        let model = Model::open(&common::fixture(name), Threads(2)).unwrap();
+        check(&model, KvPrecision::F16, name);
     }
 }

@@ -79,6 +79,16 @@ fn config_synthesis_per_family() {
                         "gemma2 softcaps"
                     );
                 }
+                "qwen2moe" | "qwen3moe" => {
+                    let m = c.moe.expect("a mixture");
+                    assert_eq!((m.n_expert, m.n_expert_used), (8, 2), "{arch}");
+                    assert_eq!(m.n_ff_exp, 256, "{arch}: expert_feed_forward_length");
+                    assert_eq!(m.spec.shared_expert, arch == "qwen2moe");
+                    assert_eq!(m.spec.normalize_weights, arch == "qwen3moe");
+                    if arch == "qwen2moe" {
+                        assert_eq!(m.n_ff_shexp, 512, "expert_shared_feed_forward_length");
+                    }
+                }
                 "stablelm" | "phi2" => assert!(c.n_rot < c.head_dim_k, "{arch}: partial rotary"),
                 _ => assert!(c.swa_layers.iter().all(|s| !s), "{arch}: no sliding window"),
             }
@@ -136,12 +146,18 @@ fn long_greedy_decode_stays_in_range_and_finite() {
     }
 }
 
+/// Metadata and tensors of a fixture being rewritten.
+type Kvs = Vec<(String, Value<'static>)>;
+type Tensors = Vec<(String, GgmlType, Vec<u64>, Vec<u8>)>;
+
 /// Rewrites the llama F32 fixture with `edit` applied to its metadata and tensors.
-fn rewritten(
-    name: &str,
-    edit: impl Fn(&mut Vec<(String, Value<'static>)>, &mut Vec<(String, GgmlType, Vec<u64>, Vec<u8>)>),
-) -> PathBuf {
-    let bytes = std::fs::read(fixture("llama-F32.gguf")).unwrap();
+fn rewritten(name: &str, edit: impl Fn(&mut Kvs, &mut Tensors)) -> PathBuf {
+    rewritten_from("llama-F32.gguf", name, edit)
+}
+
+/// Rewrites fixture `src` with `edit` applied to its metadata and tensors.
+fn rewritten_from(src: &str, name: &str, edit: impl Fn(&mut Kvs, &mut Tensors)) -> PathBuf {
+    let bytes = std::fs::read(fixture(src)).unwrap();
     let f = GgufFile::parse(&bytes).unwrap();
     let mut kvs: Vec<(String, Value<'static>)> = f
         .metadata
@@ -212,6 +228,71 @@ fn set_arch(kvs: &mut [(String, Value<'static>)], name: &'static str) {
             *v = Value::String(name.into());
         }
     }
+}
+
+#[test]
+fn mixtures_are_checked_by_name() {
+    let c = with_model(&fixture("llama-moe-F32.gguf"), |m| {
+        m.unwrap().config().clone()
+    });
+    let m = c.moe.expect("llama with expert_count is a mixture");
+    assert_eq!((m.n_expert, m.n_expert_used, m.n_ff_exp), (8, 2, c.n_ff));
+    assert!(m.spec.normalize_weights && !m.spec.shared_expert);
+    let dense = with_model(&fixture("llama-F32.gguf"), |m| m.unwrap().config().clone());
+    assert!(dense.moe.is_none(), "no expert_count: dense");
+
+    let moe = "llama-moe-F32.gguf";
+    let p = rewritten_from(moe, "noexps.gguf", |_, t| {
+        t.retain(|(n, ..)| n != "blk.1.ffn_up_exps.weight")
+    });
+    assert_eq!(
+        load_error(&p),
+        LoadError::MissingTensor("blk.1.ffn_up_exps.weight".into())
+    );
+    // Same element count, experts on the wrong axis.
+    let p = rewritten_from(moe, "expaxis.gguf", |_, t| {
+        let g = (t.iter_mut())
+            .find(|(n, ..)| n == "blk.0.ffn_gate_exps.weight")
+            .unwrap();
+        g.2 = vec![256, 8, 256];
+    });
+    let e = load_error(&p);
+    assert!(
+        matches!(&e, LoadError::Shape(s) if s.contains("blk.0.ffn_gate_exps.weight")),
+        "{e}"
+    );
+    let p = rewritten_from(moe, "routerbias.gguf", |_, t| {
+        t.push((
+            "blk.0.ffn_gate_inp.bias".into(),
+            GgmlType::F32,
+            vec![8],
+            vec![0; 32],
+        ))
+    });
+    assert_eq!(load_error(&p).unread(), ["blk.0.ffn_gate_inp.bias"]);
+    let set = |key: &'static str, v: u32| {
+        move |kv: &mut Kvs, _: &mut Tensors| {
+            kv.retain(|(k, _)| k != key);
+            kv.push((key.into(), Value::U32(v)));
+        }
+    };
+    let p = rewritten_from(moe, "overused.gguf", set("llama.expert_used_count", 9));
+    let e = load_error(&p).to_string();
+    assert!(e.contains("8 experts with 9 used"), "{e}");
+    let p = rewritten_from(moe, "groups.gguf", set("llama.expert_group_count", 2));
+    let e = load_error(&p);
+    assert!(
+        matches!(&e, LoadError::Unsupported(s) if s.contains("grouped expert routing")),
+        "{e}"
+    );
+    let p = rewritten_from("qwen3moe-F32.gguf", "nocount.gguf", |kv, _| {
+        kv.retain(|(k, _)| k != "qwen3moe.expert_count")
+    });
+    let e = load_error(&p).to_string();
+    assert!(
+        e.contains("qwen3moe.expert_count") && e.contains("mixture of experts"),
+        "{e}"
+    );
 }
 
 #[test]

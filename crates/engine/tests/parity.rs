@@ -66,6 +66,19 @@ fn f16_tolerance(ty: &str) -> (f32, f32) {
     }
 }
 
+/// A mixture's router amplifies the two f16 caches' independent roundings: its logits
+/// are wide (std 3-6, so that no routing decision is near a tie) and each expert's
+/// weight moves by w(1-w) per unit of router logit. Measured on the MoE fixtures
+/// through f16 (their exact-cache parity is as tight as the dense rows'): max 9.1e-3 /
+/// mean 9.1e-4 (F32 weights), 1.75e-2 / 2.0e-3 (F16), 0.67 / 0.052 (quantised); mean
+/// distance to the exact cache 0.83-0.89× llama.cpp's f16 cache's on F32 weights, up
+/// to 1.21× on quantised ones; the same under every kernel set. Bounds: three times
+/// the dense max, twice the dense mean, and 1.35× for the ratio.
+fn f16_moe_tolerance(ty: &str) -> ((f32, f32), f64) {
+    let (max, mean) = f16_tolerance(ty);
+    ((3.0 * max, 2.0 * mean), 1.35)
+}
+
 #[test]
 fn every_fixture_matches_llama_cpp_through_an_f16_cache() {
     fixtures_match_through(KvPrecision::F16);
@@ -135,9 +148,11 @@ fn fixtures_match_through(precision: KvPrecision) {
             })
             .collect();
         let got = ctx.decode(&batch).unwrap();
-        let (tol, mean_tol) = match precision {
-            KvPrecision::F16 => f16_tolerance(ty),
-            _ => tolerance(ty),
+        let mixture = f.get("router_margin").is_some();
+        let ((tol, mean_tol), f16_ratio) = match precision {
+            KvPrecision::F16 if mixture => f16_moe_tolerance(ty),
+            KvPrecision::F16 => (f16_tolerance(ty), 1.15),
+            _ => (tolerance(ty), 1.15),
         };
         let mut max_diff = 0f32;
         let mut sum_diff = 0f64;
@@ -174,17 +189,17 @@ fn fixtures_match_through(precision: KvPrecision) {
                     / exact.len() as f64
             };
             let (ours, theirs) = (mean_dist(&got.values), mean_dist(&want));
-            if ours > 1.15 * theirs {
+            if ours > f16_ratio * theirs {
                 failures.push(format!(
-                    "{name}: through f16, mean distance to the exact-cache logits {ours:.3e} > 1.15 × llama.cpp's f16 cache's {theirs:.3e}"
+                    "{name}: through f16, mean distance to the exact-cache logits {ours:.3e} > {f16_ratio} × llama.cpp's f16 cache's {theirs:.3e}"
                 ));
             }
         }
         checked += 1;
     }
     assert_eq!(
-        checked, 94,
-        "every fixture checked (84 rows × types, 10 rope variants)"
+        checked, 112,
+        "every fixture checked (96 rows × types, 10 rope variants, 6 of Mixtral-shaped llama)"
     );
     assert!(
         failures.is_empty(),

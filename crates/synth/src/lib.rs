@@ -16,7 +16,7 @@ pub mod reference;
 pub use hostile::{HostileModel, Outcome, exercise, hostile};
 
 use llamay_engine::arch::{
-    ArchSpec, FfnKind, NormKind, QkvLayout, Residual, RopeStyle, SwaPattern,
+    ArchSpec, Experts, FfnKind, MoeSpec, NormKind, QkvLayout, Residual, RopeStyle, SwaPattern,
 };
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufWriter, Value, WriteError};
@@ -203,6 +203,18 @@ fn key(arch: &ArchSpec, k: &str) -> String {
     format!("{}.{k}", arch.name)
 }
 
+/// Experts in a synthetic mixture (2 used per token).
+const N_EXPERT: u64 = 4;
+
+/// The mixture a file of `arch` carries: the rows that are always one (`llama`'s
+/// optional mixture is written dense).
+fn mixture(arch: &ArchSpec) -> Option<MoeSpec> {
+    match arch.experts {
+        Experts::Always(m) => Some(m),
+        Experts::Never | Experts::WhenCounted(_) => None,
+    }
+}
+
 /// The metadata a file of `arch` with shape `d` carries.
 pub fn metadata(arch: &'static ArchSpec, d: &Dims) -> Vec<(String, Value<'static>)> {
     let u = |v: u64| Value::U32(v as u32);
@@ -233,6 +245,16 @@ pub fn metadata(arch: &'static ArchSpec, d: &Dims) -> Vec<(String, Value<'static
     }
     if let SwaPattern::LastOfGroup(_) = arch.swa {
         kv.push((key(arch, "attention.sliding_window"), u(8)));
+    }
+    if let Some(m) = mixture(arch) {
+        kv.push((key(arch, "expert_count"), u(N_EXPERT)));
+        kv.push((key(arch, "expert_used_count"), u(2)));
+        if m.width_key {
+            kv.push((key(arch, "expert_feed_forward_length"), u(d.n_ff)));
+        }
+        if m.shared_expert {
+            kv.push((key(arch, "expert_shared_feed_forward_length"), u(d.n_ff)));
+        }
     }
     kv.extend(vocabulary(d.n_vocab));
     kv
@@ -351,15 +373,31 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
         if arch.residual != (Residual::Parallel { shared_norm: true }) {
             norm(&mut add, &p("ffn_norm"));
         }
-        match arch.ffn {
-            FfnKind::SwiGlu | FfnKind::GeGlu => {
+        match (mixture(arch), arch.ffn) {
+            (Some(m), _) => {
+                // Stacked experts and the router: no biases in these families.
+                let (f, n) = (d.n_ff, N_EXPERT);
+                add(p("ffn_gate_inp.weight"), vec![e, n], false);
+                add(p("ffn_gate_exps.weight"), vec![e, f, n], false);
+                add(p("ffn_up_exps.weight"), vec![e, f, n], false);
+                add(p("ffn_down_exps.weight"), vec![f, e, n], false);
+                if m.shared_expert {
+                    add(p("ffn_gate_inp_shexp.weight"), vec![e], false);
+                    add(p("ffn_gate_shexp.weight"), vec![e, f], false);
+                    add(p("ffn_up_shexp.weight"), vec![e, f], false);
+                    add(p("ffn_down_shexp.weight"), vec![f, e], false);
+                }
+            }
+            (None, FfnKind::SwiGlu | FfnKind::GeGlu) => {
                 linear(&mut add, &p("ffn_gate"), e, d.n_ff);
                 linear(&mut add, &p("ffn_up"), e, d.n_ff);
             }
-            FfnKind::Gelu => linear(&mut add, &p("ffn_up"), e, d.n_ff),
-            FfnKind::SwiGluStacked => linear(&mut add, &p("ffn_up"), e, 2 * d.n_ff),
+            (None, FfnKind::Gelu) => linear(&mut add, &p("ffn_up"), e, d.n_ff),
+            (None, FfnKind::SwiGluStacked) => linear(&mut add, &p("ffn_up"), e, 2 * d.n_ff),
         }
-        linear(&mut add, &p("ffn_down"), d.n_ff, e);
+        if mixture(arch).is_none() {
+            linear(&mut add, &p("ffn_down"), d.n_ff, e);
+        }
         if arch.post_norms {
             add(p("post_ffw_norm.weight"), vec![e], false);
         }
