@@ -74,11 +74,36 @@ pub enum Experts {
 /// How attention and feed-forward outputs reach the residual stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Residual {
-    /// x = x + attn(norm(x)); x = x + ffn(norm(x))
+    /// x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))
     Sequential,
-    /// x = x + attn(norm1(x)) + ffn(norm2(x)); `shared_norm` uses norm1 for both
-    /// (Falcon, Phi-2), otherwise `ffn_norm` is norm2 (GPT-NeoX).
-    Parallel { shared_norm: bool },
+    /// x = x + attn(n_a(x)) + ffn(n_f(x)), the norms as `ParallelNorms` says.
+    Parallel(ParallelNorms),
+    /// Sequential in a layer with `ffn_norm`; in one without, parallel with attention's
+    /// norm shared (StableLM 2 12B: llama.cpp decides per layer by the tensor).
+    SequentialIfFfnNorm,
+}
+
+/// Which norms feed a parallel block's attention and feed-forward network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParallelNorms {
+    /// `attn_norm` feeds both (Phi-2).
+    Shared,
+    /// `attn_norm` feeds attention, `ffn_norm` the network (GPT-NeoX).
+    Separate,
+    /// `attn_norm` feeds the network, and attention too unless the layer has
+    /// `attn_norm_2`, which then feeds attention (Falcon 7B; Falcon 40B/180B).
+    SharedUnlessAttnNorm2,
+}
+
+/// Per-head norms on Q and K after projection, before rope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// RMSNorm, one `[head_dim]` weight for every head; required (Qwen3, Gemma 3).
+    SharedRms,
+    /// LayerNorm without bias, a `[head_dim, n_head]` weight (one per head), where the
+    /// file has `attn_q_norm`/`attn_k_norm` (StableLM 2 12B; absent in 1.6B/3B).
+    PerHeadLayerIfPresent,
 }
 
 /// Which layers use the sliding window (when the file sets one).
@@ -95,9 +120,11 @@ pub enum SwaPattern {
 /// Where Q, K and V come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkvLayout {
-    /// `attn_q`, `attn_k`, `attn_v`.
-    Separate,
-    /// One `attn_qkv` projection, rows Q then K then V.
+    /// Whichever the file holds, as llama.cpp's `create_tensor_qkv`: one `attn_qkv`
+    /// (with an `attn_qkv.bias`, or legacy separate `attn_{q,k,v}.bias`), else
+    /// `attn_q`, `attn_k`, `attn_v` (each with an optional bias).
+    FusedOrSeparate,
+    /// One `attn_qkv` projection, rows Q then K then V (GPT-2, Falcon, GPT-NeoX).
     Fused,
 }
 
@@ -111,8 +138,7 @@ pub struct ArchSpec {
     pub norm: NormKind,
     pub rope: RopeStyle,
     pub qkv: QkvLayout,
-    /// Per-head RMS norms on Q and K after projection (Qwen3, Gemma 3).
-    pub qk_norm: bool,
+    pub qk_norm: QkNorm,
     pub ffn: FfnKind,
     /// Whether the FFN is a mixture of experts (then `ffn` is each expert's kind).
     pub experts: Experts,
@@ -135,8 +161,8 @@ const BASE: ArchSpec = ArchSpec {
     covers: "",
     norm: NormKind::Rms,
     rope: RopeStyle::Interleaved,
-    qkv: QkvLayout::Separate,
-    qk_norm: false,
+    qkv: QkvLayout::FusedOrSeparate,
+    qk_norm: QkNorm::None,
     ffn: FfnKind::SwiGlu,
     experts: Experts::Never,
     residual: Residual::Sequential,
@@ -181,7 +207,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         name: "qwen3",
         covers: "Qwen 3",
         rope: RopeStyle::Neox,
-        qk_norm: true,
+        qk_norm: QkNorm::SharedRms,
         ..BASE
     },
     ArchSpec {
@@ -200,7 +226,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         name: "qwen3moe",
         covers: "Qwen3-MoE",
         rope: RopeStyle::Neox,
-        qk_norm: true,
+        qk_norm: QkNorm::SharedRms,
         experts: Experts::Always(MoeSpec {
             gating: Gating::Softmax,
             normalize_weights: true,
@@ -233,7 +259,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         name: "gemma3",
         covers: "Gemma 3 (text)",
         rope: RopeStyle::Neox,
-        qk_norm: true,
+        qk_norm: QkNorm::SharedRms,
         ffn: FfnKind::GeGlu,
         embed_scale_sqrt: true,
         post_norms: true,
@@ -246,15 +272,16 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         name: "phi3",
         covers: "Phi-3, Phi-3.5",
         rope: RopeStyle::Neox,
-        qkv: QkvLayout::Fused,
         ffn: FfnKind::SwiGluStacked,
         ..BASE
     },
     ArchSpec {
         name: "stablelm",
-        covers: "StableLM 2",
+        covers: "StableLM 2 (1.6B, 3B; 12B with per-head q/k norms and a parallel block)",
         norm: NormKind::Layer,
         rope: RopeStyle::Neox,
+        qk_norm: QkNorm::PerHeadLayerIfPresent,
+        residual: Residual::SequentialIfFfnNorm,
         ..BASE
     },
     ArchSpec {
@@ -269,12 +296,12 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
     },
     ArchSpec {
         name: "falcon",
-        covers: "Falcon",
+        covers: "Falcon 7B; 40B and 180B (attn_norm_2)",
         norm: NormKind::Layer,
         rope: RopeStyle::Neox,
         qkv: QkvLayout::Fused,
         ffn: FfnKind::Gelu,
-        residual: Residual::Parallel { shared_norm: true },
+        residual: Residual::Parallel(ParallelNorms::SharedUnlessAttnNorm2),
         ..BASE
     },
     ArchSpec {
@@ -284,7 +311,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         rope: RopeStyle::Neox,
         qkv: QkvLayout::Fused,
         ffn: FfnKind::Gelu,
-        residual: Residual::Parallel { shared_norm: false },
+        residual: Residual::Parallel(ParallelNorms::Separate),
         ..BASE
     },
     ArchSpec {
@@ -292,9 +319,8 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         covers: "Phi-2",
         norm: NormKind::Layer,
         rope: RopeStyle::Neox,
-        qkv: QkvLayout::Fused,
         ffn: FfnKind::Gelu,
-        residual: Residual::Parallel { shared_norm: true },
+        residual: Residual::Parallel(ParallelNorms::Shared),
         ..BASE
     },
 ];

@@ -1,7 +1,7 @@
 //! The one generic transformer block, driven by the architecture row, and the
 //! batch-shaped decode: tokens of several sequences in one call.
 
-use crate::arch::{FfnKind, NormKind, Residual, RopeStyle};
+use crate::arch::{FfnKind, NormKind, RopeStyle};
 use crate::attention::{self, Shape, Slot};
 use crate::batch::{BatchToken, Hidden, Logits};
 use crate::context::Context;
@@ -10,7 +10,7 @@ use crate::moe::{self, MoeScratch};
 use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm};
 use crate::rope::{self, RopeParams};
 use crate::tensor::matmul_quantized;
-use crate::weights::{DenseFfn, Ffn, Linear, Norm};
+use crate::weights::{DenseFfn, Ffn, FfnInput, HeadNorm, Linear, Norm};
 use crate::{DecodeError, Model};
 use llamay_kernels::{QuantizedRows, ThreadPool};
 use std::collections::BTreeMap;
@@ -86,6 +86,24 @@ fn norm_row(row: &mut [f32], norm: &Norm, kind: NormKind, eps: f32) {
         NormKind::Rms => rms_norm(row, &norm.weight, eps),
         NormKind::Layer => layer_norm(row, &norm.weight, norm.bias.as_deref(), eps),
     }
+}
+
+/// Normalises every head (`hd`-long row) of Q or K, rows spread over the pool.
+fn head_norms(x: &mut [f32], n: &HeadNorm, eps: f32, hd: usize, pool: &ThreadPool) {
+    let per_head = n.per_head.then(|| n.weight.len() / hd);
+    pool.for_each_chunk_mut(x, hd * ROWS_PER_TASK, |i, rows| {
+        for (j, row) in rows.chunks_mut(hd).enumerate() {
+            let w = match per_head {
+                // Rows are heads of consecutive tokens: row r is head r mod n_heads.
+                Some(n_heads) => &n.weight[((i * ROWS_PER_TASK + j) % n_heads) * hd..][..hd],
+                None => &n.weight[..],
+            };
+            match n.kind {
+                NormKind::Rms => rms_norm(row, w, eps),
+                NormKind::Layer => layer_norm(row, w, None, eps),
+            }
+        }
+    });
 }
 
 /// RMS-normalises every `cols`-long row of `x` by `w`, rows spread over the pool.
@@ -331,11 +349,11 @@ impl Context<'_> {
                 &mut [&mut s.q, &mut s.k, &mut s.v],
                 threads,
             );
-            if let Some(w) = &layer.q_norm {
-                rms_rows(&mut s.q, w, cfg.norm_eps, hk, threads);
+            if let Some(n) = &layer.q_norm {
+                head_norms(&mut s.q, n, cfg.norm_eps, hk, threads);
             }
-            if let Some(w) = &layer.k_norm {
-                rms_rows(&mut s.k, w, cfg.norm_eps, hk, threads);
+            if let Some(n) = &layer.k_norm {
+                head_norms(&mut s.k, n, cfg.norm_eps, hk, threads);
             }
             let swa = cfg.swa_layers[il];
             if arch.rope != RopeStyle::None {
@@ -369,22 +387,36 @@ impl Context<'_> {
                 rms_rows(&mut s.o, w, cfg.norm_eps, e, threads);
             }
 
-            match arch.residual {
-                Residual::Sequential => {
+            match &layer.ffn_input {
+                FfnInput::AfterAttention(norm) => {
                     add_into(&mut x, &s.o, None, threads);
-                    let norm = layer.ffn_norm.as_ref();
-                    norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
+                    norm_into(
+                        &x,
+                        &mut s.h2,
+                        Some(norm),
+                        arch.norm,
+                        cfg.norm_eps,
+                        e,
+                        threads,
+                    );
                     model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
                     add_into(&mut x, s.ffn.output(), None, threads);
                 }
-                Residual::Parallel { shared_norm } => {
-                    if shared_norm {
-                        model.ffn(threads, layer, &s.h, &mut s.ffn, &mut s.act);
-                    } else {
-                        let norm = layer.ffn_norm.as_ref();
-                        norm_into(&x, &mut s.h2, norm, arch.norm, cfg.norm_eps, e, threads);
-                        model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
-                    }
+                FfnInput::Parallel(norm) => {
+                    norm_into(
+                        &x,
+                        &mut s.h2,
+                        Some(norm),
+                        arch.norm,
+                        cfg.norm_eps,
+                        e,
+                        threads,
+                    );
+                    model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
+                    add_into(&mut x, &s.o, Some(s.ffn.output()), threads);
+                }
+                FfnInput::ParallelShared => {
+                    model.ffn(threads, layer, &s.h, &mut s.ffn, &mut s.act);
                     add_into(&mut x, &s.o, Some(s.ffn.output()), threads);
                 }
             }

@@ -3,7 +3,7 @@
 //! load fails naming it; every shape is checked against the config.
 
 use crate::LoadError;
-use crate::arch::{FfnKind, NormKind, QkvLayout, Residual};
+use crate::arch::{FfnKind, NormKind, ParallelNorms, QkNorm, QkvLayout, Residual};
 use crate::config::{Config, MoeConfig};
 use crate::rope::RopeFactors;
 use crate::tensor::{Matrix, vector};
@@ -36,17 +36,39 @@ impl<'a> Linear<'a> {
 
 #[derive(Clone, Debug)]
 pub struct Layer<'a> {
+    /// The norm attention reads through (Falcon 40B's `attn_norm_2`).
     pub attn_norm: Norm,
     pub q: Linear<'a>,
     pub k: Linear<'a>,
     pub v: Linear<'a>,
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
+    pub q_norm: Option<HeadNorm>,
+    pub k_norm: Option<HeadNorm>,
     pub attn_out: Linear<'a>,
     pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Option<Norm>,
+    pub ffn_input: FfnInput,
     pub ffn: Ffn<'a>,
     pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A norm over each head of Q or K (`head_dim`-long rows).
+#[derive(Clone, Debug)]
+pub struct HeadNorm {
+    pub kind: NormKind,
+    /// `head_dim` values shared by every head, or `head_dim` per head, head after head.
+    pub weight: Vec<f32>,
+    pub per_head: bool,
+}
+
+/// What a layer's feed-forward network reads (decided at bind time from the
+/// architecture row and, where llama.cpp does, from the tensors the layer has).
+#[derive(Clone, Debug)]
+pub enum FfnInput {
+    /// `norm(x + attn)`: a sequential block.
+    AfterAttention(Norm),
+    /// `norm(x)`, beside attention (GPT-NeoX's `ffn_norm`, Falcon 40B's `attn_norm`).
+    Parallel(Norm),
+    /// Attention's own normalised input (Phi-2, Falcon 7B, StableLM 2 12B).
+    ParallelShared,
 }
 
 /// A dense feed-forward network: down(act(gate x) * up x), or down(act(up x)) without
@@ -299,6 +321,106 @@ impl<'a> Binder<'_, 'a> {
         vector(&t, len, self.read == ReadData::Yes)
     }
 
+    /// A norm whose `prefix.weight` may be absent (then so must its bias be).
+    fn opt_norm(
+        &mut self,
+        prefix: &str,
+        kind: NormKind,
+        len: usize,
+    ) -> Result<Option<Norm>, LoadError> {
+        if self.gguf.tensor(&format!("{prefix}.weight")).is_some() {
+            return self.norm(prefix, kind, len).map(Some);
+        }
+        Ok(None)
+    }
+
+    /// A layer's Q, K and V projections (`dims` rows each), as `layout` allows.
+    fn qkv(
+        &mut self,
+        il: usize,
+        layout: QkvLayout,
+        e: usize,
+        [qd, kd, vd]: [usize; 3],
+    ) -> Result<(Linear<'a>, Linear<'a>, Linear<'a>), LoadError> {
+        let p = |s: &str| format!("blk.{il}.{s}");
+        let fused = layout == QkvLayout::Fused || self.gguf.tensor(&p("attn_qkv.weight")).is_some();
+        if !fused {
+            return Ok((
+                self.linear(&p("attn_q"), e, qd)?,
+                self.linear(&p("attn_k"), e, kd)?,
+                self.linear(&p("attn_v"), e, vd)?,
+            ));
+        }
+        let fused = self.linear(&p("attn_qkv"), e, qd + kd + vd)?;
+        let ranges = [0..qd, qd..qd + kd, qd + kd..qd + kd + vd];
+        let biases: Vec<Option<Vec<f32>>> = match (&fused.b, layout) {
+            (Some(_), _) => ranges
+                .iter()
+                .map(|r| split_bias(&fused.b, r.clone()))
+                .collect(),
+            // Legacy files: a fused weight beside separate biases, which llama.cpp adds
+            // only when all three are there (one or two would be loaded and ignored:
+            // refused here instead).
+            (None, QkvLayout::FusedOrSeparate) => {
+                let mut bs = Vec::with_capacity(3);
+                for (r, name) in ranges.iter().zip(["attn_q", "attn_k", "attn_v"]) {
+                    bs.push(self.opt_vector(&format!("{}.bias", p(name)), r.len())?);
+                }
+                let n = bs.iter().filter(|b| b.is_some()).count();
+                if n != 0 && n != 3 {
+                    return Err(LoadError::Shape(format!(
+                        "blk.{il} has a fused attn_qkv.weight with {n} of the three separate attn_{{q,k,v}}.bias tensors: all three or none"
+                    )));
+                }
+                bs
+            }
+            (None, QkvLayout::Fused) => vec![None, None, None],
+        };
+        let mut parts = ranges
+            .into_iter()
+            .zip(biases)
+            .map(|(r, b)| Linear::new(fused.w.rows_slice(r), b));
+        let (Some(q), Some(k), Some(v)) = (parts.next(), parts.next(), parts.next()) else {
+            unreachable!("three ranges");
+        };
+        Ok((q, k, v))
+    }
+
+    /// A layer's per-head Q and K norms, as the row says.
+    fn qk_norms(
+        &mut self,
+        il: usize,
+        rule: QkNorm,
+        cfg: &Config,
+    ) -> Result<(Option<HeadNorm>, Option<HeadNorm>), LoadError> {
+        let p = |s: &str| format!("blk.{il}.{s}");
+        let hd = cfg.head_dim_k;
+        Ok(match rule {
+            QkNorm::None => (None, None),
+            QkNorm::SharedRms => {
+                let norm = |weight| HeadNorm {
+                    kind: NormKind::Rms,
+                    weight,
+                    per_head: false,
+                };
+                (
+                    Some(norm(self.vector(&p("attn_q_norm.weight"), hd)?)),
+                    Some(norm(self.vector(&p("attn_k_norm.weight"), hd)?)),
+                )
+            }
+            QkNorm::PerHeadLayerIfPresent => {
+                let q = self.opt_vector(&p("attn_q_norm.weight"), hd * cfg.n_head)?;
+                let k = self.opt_vector(&p("attn_k_norm.weight"), hd * cfg.n_head_kv)?;
+                let norm = |weight| HeadNorm {
+                    kind: NormKind::Layer,
+                    weight,
+                    per_head: true,
+                };
+                (q.map(norm), k.map(norm))
+            }
+        })
+    }
+
     fn norm(&mut self, prefix: &str, kind: NormKind, len: usize) -> Result<Norm, LoadError> {
         let weight = self.vector(&format!("{prefix}.weight"), len)?;
         let bias = match kind {
@@ -355,37 +477,34 @@ impl<'a> Weights<'a> {
         for il in 0..cfg.n_layer {
             let p = |s: &str| format!("blk.{il}.{s}");
             let attn_norm = b.norm(&p("attn_norm"), arch.norm, e)?;
-            let (q, k, v) = match arch.qkv {
-                QkvLayout::Separate => (
-                    b.linear(&p("attn_q"), e, qd)?,
-                    b.linear(&p("attn_k"), e, kd)?,
-                    b.linear(&p("attn_v"), e, vd)?,
-                ),
-                QkvLayout::Fused => {
-                    let fused = b.linear(&p("attn_qkv"), e, qd + kd + vd)?;
-                    let part = |r: std::ops::Range<usize>| {
-                        Linear::new(fused.w.rows_slice(r.clone()), split_bias(&fused.b, r))
-                    };
-                    (part(0..qd), part(qd..qd + kd), part(qd + kd..qd + kd + vd))
-                }
-            };
-            let (q_norm, k_norm) = if arch.qk_norm {
-                (
-                    Some(b.vector(&p("attn_q_norm.weight"), cfg.head_dim_k)?),
-                    Some(b.vector(&p("attn_k_norm.weight"), cfg.head_dim_k)?),
-                )
-            } else {
-                (None, None)
-            };
+            let (q, k, v) = b.qkv(il, arch.qkv, e, [qd, kd, vd])?;
+            let (q_norm, k_norm) = b.qk_norms(il, arch.qk_norm, cfg)?;
             let attn_out = b.linear(&p("attn_output"), cfg.n_head * cfg.head_dim_v, e)?;
             let post_attn_norm = if arch.post_norms {
                 Some(b.vector(&p("post_attention_norm.weight"), e)?)
             } else {
                 None
             };
-            let ffn_norm = match arch.residual {
-                Residual::Parallel { shared_norm: true } => None,
-                _ => Some(b.norm(&p("ffn_norm"), arch.norm, e)?),
+            let (attn_norm, ffn_input) = match arch.residual {
+                Residual::Sequential => {
+                    let n = b.norm(&p("ffn_norm"), arch.norm, e)?;
+                    (attn_norm, FfnInput::AfterAttention(n))
+                }
+                Residual::SequentialIfFfnNorm => match b.opt_norm(&p("ffn_norm"), arch.norm, e)? {
+                    Some(n) => (attn_norm, FfnInput::AfterAttention(n)),
+                    None => (attn_norm, FfnInput::ParallelShared),
+                },
+                Residual::Parallel(ParallelNorms::Shared) => (attn_norm, FfnInput::ParallelShared),
+                Residual::Parallel(ParallelNorms::Separate) => {
+                    let n = b.norm(&p("ffn_norm"), arch.norm, e)?;
+                    (attn_norm, FfnInput::Parallel(n))
+                }
+                Residual::Parallel(ParallelNorms::SharedUnlessAttnNorm2) => {
+                    match b.opt_norm(&p("attn_norm_2"), arch.norm, e)? {
+                        Some(n2) => (n2, FfnInput::Parallel(attn_norm)),
+                        None => (attn_norm, FfnInput::ParallelShared),
+                    }
+                }
             };
             let ffn = match &cfg.moe {
                 Some(m) => Ffn::Moe(b.moe(il, e, m)?),
@@ -405,7 +524,7 @@ impl<'a> Weights<'a> {
                 k_norm,
                 attn_out,
                 post_attn_norm,
-                ffn_norm,
+                ffn_input,
                 ffn,
                 post_ffn_norm,
             });

@@ -295,6 +295,50 @@ fn mixtures_are_checked_by_name() {
     );
 }
 
+/// The optional tensors of llama.cpp's loaders (docs/arch-coverage.md, "Optional
+/// tensors") load where whole and are refused by name where half there.
+#[test]
+fn optional_tensors_load_whole_or_are_refused_by_name() {
+    for f in [
+        "llama-fused-qkv-biases-F32.gguf",
+        "qwen2-fused-qkv-F32.gguf",
+        "phi2-split-qkv-F32.gguf",
+        "falcon-attn-norm-2-F32.gguf",
+        "stablelm-qk-norm-parallel-F32.gguf",
+    ] {
+        with_model(&fixture(f), |m| assert!(m.is_ok(), "{f}: {:?}", m.err()));
+    }
+    // A fused weight with one of the three legacy separate biases: llama.cpp would load
+    // it and add none; refused.
+    let p = rewritten_from("qwen2-fused-qkv-F32.gguf", "somebias.gguf", |_, t| {
+        t.retain(|(n, ..)| n != "blk.1.attn_k.bias" && n != "blk.1.attn_v.bias")
+    });
+    let e = load_error(&p).to_string();
+    assert!(e.contains("blk.1") && e.contains("1 of the three"), "{e}");
+    // Falcon 40B's second norm: its bias alone is read by nothing.
+    let p = rewritten_from("falcon-attn-norm-2-F32.gguf", "norm2bias.gguf", |_, t| {
+        t.retain(|(n, ..)| n != "blk.0.attn_norm_2.weight")
+    });
+    assert_eq!(load_error(&p).unread(), ["blk.0.attn_norm_2.bias"]);
+    // StableLM 2 12B's per-head norms are [head_dim, n_head]: one head's worth is wrong.
+    let p = rewritten_from(
+        "stablelm-qk-norm-parallel-F32.gguf",
+        "qnorm.gguf",
+        |_, t| {
+            let q = (t.iter_mut())
+                .find(|(n, ..)| n == "blk.0.attn_q_norm.weight")
+                .unwrap();
+            q.2 = vec![64];
+            q.3.truncate(64 * 4);
+        },
+    );
+    let e = load_error(&p);
+    assert!(
+        matches!(&e, LoadError::Shape(s) if s.contains("blk.0.attn_q_norm.weight")),
+        "{e}"
+    );
+}
+
 #[test]
 fn strict_load_refuses_by_name() {
     let p = rewritten("missing.gguf", |_, t| {

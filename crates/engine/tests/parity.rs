@@ -198,8 +198,8 @@ fn fixtures_match_through(precision: KvPrecision) {
         checked += 1;
     }
     assert_eq!(
-        checked, 112,
-        "every fixture checked (96 rows × types, 10 rope variants, 6 of Mixtral-shaped llama)"
+        checked, 142,
+        "every fixture checked (96 rows × types, 10 rope variants, 6 of Mixtral-shaped llama, 30 of the optional-tensor block variants)"
     );
     assert!(
         failures.is_empty(),

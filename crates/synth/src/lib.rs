@@ -16,7 +16,8 @@ pub mod reference;
 pub use hostile::{HostileModel, Outcome, exercise, hostile};
 
 use llamay_engine::arch::{
-    ArchSpec, Experts, FfnKind, MoeSpec, NormKind, QkvLayout, Residual, RopeStyle, SwaPattern,
+    ArchSpec, Experts, FfnKind, MoeSpec, NormKind, ParallelNorms, QkNorm, QkvLayout, Residual,
+    RopeStyle, SwaPattern,
 };
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufWriter, Value, WriteError};
@@ -308,7 +309,12 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
     let opt = spec.all_optional;
     let mut out = Vec::new();
     let mut add = |name: String, shape: Vec<u64>, optional: bool| {
-        let ty = if shape.len() == 1 { GgmlType::F32 } else { ty };
+        // Norm weights are F32 whatever their rank (StableLM's per-head [head_dim, n_head]).
+        let ty = if shape.len() == 1 || name.ends_with("_norm.weight") {
+            GgmlType::F32
+        } else {
+            ty
+        };
         out.push(TensorDef {
             name,
             ty,
@@ -323,6 +329,15 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
         add(format!("{name}.weight"), vec![e], false);
         if layer_norm {
             add(format!("{name}.bias"), vec![e], true);
+        }
+    };
+    // A norm the loader takes where present (written with every optional tensor).
+    let optional_norm = |add: &mut dyn FnMut(String, Vec<u64>, bool), name: &str| {
+        if opt {
+            add(format!("{name}.weight"), vec![e], true);
+            if layer_norm {
+                add(format!("{name}.bias"), vec![e], true);
+            }
         }
     };
     let linear = |add: &mut dyn FnMut(String, Vec<u64>, bool), name: &str, cols: u64, rows: u64| {
@@ -355,23 +370,42 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
         let p = |s: &str| format!("blk.{il}.{s}");
         norm(&mut add, &p("attn_norm"));
         match arch.qkv {
-            QkvLayout::Separate => {
+            QkvLayout::FusedOrSeparate => {
                 linear(&mut add, &p("attn_q"), e, qd);
                 linear(&mut add, &p("attn_k"), e, kvd);
                 linear(&mut add, &p("attn_v"), e, kvd);
             }
             QkvLayout::Fused => linear(&mut add, &p("attn_qkv"), e, qd + 2 * kvd),
         }
-        if arch.qk_norm {
-            add(p("attn_q_norm.weight"), vec![d.head_dim], false);
-            add(p("attn_k_norm.weight"), vec![d.head_dim], false);
+        match arch.qk_norm {
+            QkNorm::None => {}
+            QkNorm::SharedRms => {
+                add(p("attn_q_norm.weight"), vec![d.head_dim], false);
+                add(p("attn_k_norm.weight"), vec![d.head_dim], false);
+            }
+            QkNorm::PerHeadLayerIfPresent if opt => {
+                add(p("attn_q_norm.weight"), vec![d.head_dim, d.n_head], true);
+                add(p("attn_k_norm.weight"), vec![d.head_dim, d.n_head_kv], true);
+            }
+            QkNorm::PerHeadLayerIfPresent => {}
         }
         linear(&mut add, &p("attn_output"), qd, e);
         if arch.post_norms {
             add(p("post_attention_norm.weight"), vec![e], false);
         }
-        if arch.residual != (Residual::Parallel { shared_norm: true }) {
-            norm(&mut add, &p("ffn_norm"));
+        match arch.residual {
+            Residual::Sequential | Residual::Parallel(ParallelNorms::Separate) => {
+                norm(&mut add, &p("ffn_norm"));
+            }
+            // The usual shape (StableLM 2 1.6B/3B) has it.
+            Residual::SequentialIfFfnNorm => {
+                add(p("ffn_norm.weight"), vec![e], true);
+                add(p("ffn_norm.bias"), vec![e], true);
+            }
+            Residual::Parallel(ParallelNorms::SharedUnlessAttnNorm2) => {
+                optional_norm(&mut add, &p("attn_norm_2"));
+            }
+            Residual::Parallel(ParallelNorms::Shared) => {}
         }
         match (mixture(arch), arch.ffn) {
             (Some(m), _) => {

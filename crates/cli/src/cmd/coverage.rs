@@ -6,7 +6,8 @@
 use anyhow::{Context, bail};
 use llamay_engine::ARCHITECTURES;
 use llamay_engine::arch::{
-    Experts, FfnKind, Gating, MoeSpec, NormKind, QkvLayout, Residual, RopeStyle, SwaPattern,
+    Experts, FfnKind, Gating, MoeSpec, NormKind, ParallelNorms, QkNorm, QkvLayout, Residual,
+    RopeStyle, SwaPattern,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,6 +20,15 @@ pub struct Args {
 }
 
 const DOC: &str = "docs/arch-coverage.md";
+/// The rope variants' fixture names (gen-arch-fixtures' VARIANTS); the other variants
+/// are structural (the FFN or the block), named for what they add.
+const ROPE_VARIANTS: &[&str] = &[
+    "rope-freqs",
+    "yarn",
+    "longrope-long",
+    "longrope-short",
+    "linear",
+];
 const FIXTURES: &str = "crates/engine/tests/data/arch-fixtures.json";
 
 /// Architecture → (variant, weight types) with committed llama.cpp reference logits; the
@@ -70,7 +80,7 @@ fn render() -> anyhow::Result<String> {
             RopeStyle::None => "learned positions",
         };
         let qkv = match a.qkv {
-            QkvLayout::Separate => "separate",
+            QkvLayout::FusedOrSeparate => "separate or fused",
             QkvLayout::Fused => "fused",
         };
         let ffn = match a.ffn {
@@ -88,36 +98,112 @@ fn render() -> anyhow::Result<String> {
         };
         let residual = match a.residual {
             Residual::Sequential => "sequential",
-            Residual::Parallel { shared_norm: true } => "parallel, shared norm",
-            Residual::Parallel { shared_norm: false } => "parallel",
+            Residual::Parallel(ParallelNorms::Shared) => "parallel, shared norm",
+            Residual::Parallel(ParallelNorms::Separate) => "parallel",
+            Residual::Parallel(ParallelNorms::SharedUnlessAttnNorm2) => {
+                "parallel, shared norm (attention's own with attn_norm_2)"
+            }
+            Residual::SequentialIfFfnNorm => "sequential (parallel, shared norm, without ffn_norm)",
         };
         let swa = match a.swa {
             SwaPattern::None => "-".to_string(),
             SwaPattern::LastOfGroup(n) => format!("{} of {n} layers", n - 1),
         };
         let yes = |b: bool| if b { "yes" } else { "-" };
+        let qk_norm = match a.qk_norm {
+            QkNorm::None => "-",
+            QkNorm::SharedRms => "RMSNorm",
+            QkNorm::PerHeadLayerIfPresent => "LayerNorm per head, where present",
+        };
         let backed = fx.get(a.name).map_or("none yet".to_string(), |variants| {
             let list: Vec<String> = variants
                 .iter()
                 .map(|(v, types)| match v.as_str() {
                     "" => types.join(" "),
                     "moe" => format!("with experts: {}", types.join(" ")),
-                    v => format!("rope {v}: {}", types.join(" ")),
+                    v if ROPE_VARIANTS.contains(&v) => format!("rope {v}: {}", types.join(" ")),
+                    v => format!("{v}: {}", types.join(" ")),
                 })
                 .collect();
             list.join("; ")
         });
         s.push_str(&format!(
-            "| `{}` | {} | {norm} | {rope} | {qkv} | {} | {ffn} | {residual} | {} | {swa} | {} | {backed} |\n",
+            "| `{}` | {} | {norm} | {rope} | {qkv} | {qk_norm} | {ffn} | {residual} | {} | {swa} | {} | {backed} |\n",
             a.name,
             a.covers,
-            yes(a.qk_norm),
             yes(a.post_norms),
             if a.embed_scale_sqrt { "sqrt(n_embd)" } else { "-" },
         ));
     }
+    s.push_str(
+        "\n## Optional tensors\n\nWhat llama.cpp b11434's loaders (`src/models/<row>.cpp`) accept \
+         as `TENSOR_NOT_REQUIRED` for each row, and what llamay does with a file that has it. \
+         Every projection's bias is optional in llamay's binder (bound and added where the file \
+         has it); a tensor no slot takes fails the load, by name.\n\n\
+         | row | optional in llama.cpp | llamay |\n|---|---|---|\n",
+    );
+    for (row, optional, ours) in LOADER_SURVEY {
+        s.push_str(&format!("| {row} | {optional} | {ours} |\n"));
+    }
     Ok(s)
 }
+
+/// The survey of llama.cpp b11434's optional tensors, row by row (issue 16 item 5):
+/// (rows, what llama.cpp's loader accepts, what llamay does; the fixture that shows it).
+const LOADER_SURVEY: &[(&str, &str, &str)] = &[
+    (
+        "`llama` (`mistral`, `azmx` as llama)",
+        "`output` (tied); `attn_output.bias`; `ffn_{gate,up,down}.bias`; `rope_freqs` or `rope_factors_{long,short}`; Q/K/V as one `attn_qkv` (its bias, or legacy `attn_{q,k,v}.bias`) or separate (each bias optional)",
+        "all bound and applied: fixtures `llama-fused-qkv-biases`, `llama-rope-freqs`",
+    ),
+    (
+        "`llama` with `expert_count`",
+        "`ffn_gate_exps` (ungated experts); `ffn_{gate,up,down}_shexp` when `expert_shared_feed_forward_length` > 0",
+        "experts without `ffn_gate_exps`: refused (missing tensor); `_shexp` tensors: refused (unbound) — llama.cpp loads them but its llama graph never reads them, so a run would ignore weights the file means to be used",
+    ),
+    (
+        "`qwen2`",
+        "`output` (tied), `output.bias`; Q/K/V fused or separate",
+        "bound and applied: fixture `qwen2-fused-qkv` (fused weight, legacy separate biases); `output.bias` in the `phi2` fixtures",
+    ),
+    (
+        "`qwen3`",
+        "`output` (tied); `cls_out` (Qwen3-Reranker's classification head); Q/K/V fused or separate",
+        "fused/separate as `qwen2`; `cls_out`: refused (unbound) until `llamay rerank` exists",
+    ),
+    (
+        "`qwen2moe`, `qwen3moe`",
+        "`output` (tied, qwen3moe); Q/K/V fused or separate",
+        "as `qwen2`",
+    ),
+    ("`gemma`, `gemma2`", "Q/K/V fused or separate", "as `qwen2`"),
+    (
+        "`gemma3`",
+        "`output` (tied); `dense_2_out`, `dense_3_out` (EmbeddingGemma's projections, used by its pooling only); Q/K/V fused or separate",
+        "`dense_*_out`: refused (unbound) — embeddings without them would be quietly wrong",
+    ),
+    (
+        "`phi3`",
+        "`output` (tied); Q/K/V separate or fused; `rope_factors_{long,short}`",
+        "both layouts (the fused one in the `phi3` fixtures, separate as `phi2-split-qkv`); LongRoPE fixtures",
+    ),
+    (
+        "`stablelm`",
+        "`attn_q_norm`, `attn_k_norm` (`[head_dim, n_head]`: a LayerNorm per head, StableLM 2 12B); `ffn_norm` (absent: the block is parallel, sharing `attn_norm`); Q/K/V fused or separate",
+        "all bound and applied: fixture `stablelm-qk-norm-parallel`",
+    ),
+    (
+        "`falcon`",
+        "`output` (tied); `attn_norm_2` (Falcon 40B/180B: attention reads it, the FFN reads `attn_norm`)",
+        "bound and applied: fixture `falcon-attn-norm-2`",
+    ),
+    (
+        "`phi2`",
+        "Q/K/V fused or separate",
+        "both: fixture `phi2-split-qkv`",
+    ),
+    ("`gpt2`, `gptneox`", "`output` (tied, gpt2)", "bound"),
+];
 
 /// A mixture's routing rules, in words.
 fn moe_rules(m: &MoeSpec) -> String {
