@@ -328,6 +328,18 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
 /// Families refused by name, with the reason.
 pub const REFUSED: &[(&str, &str)] = &[
     (
+        "gpt-oss",
+        "not implemented yet: its attention sinks, MXFP4 experts with biases, clipped SwiGLU and alternating sliding-window layers have no path here",
+    ),
+    (
+        "bert",
+        "encoder models (bidirectional attention, post-norm blocks, token-type embeddings) are not implemented yet; `serve`'s embeddings pool decoder models",
+    ),
+    (
+        "azmx-ocr",
+        "the seeds name only a CTC head over a script alphabet: no tensor names, shapes, alphabet or blank-index keys, and no public file to read them off; a layout invented here would match no real file (its encoder graph is out of scope as well)",
+    ),
+    (
         "mamba",
         "state-space models are not implemented (declined rather than approximated)",
     ),

@@ -380,6 +380,19 @@ fn strict_load_refuses_by_name() {
 
     let p = rewritten("deepseek.gguf", |kv, _| set_arch(kv, "deepseek2"));
     assert!(load_error(&p).to_string().contains("latent attention"));
+    // The declared rows not built yet are refusals, each with its reason.
+    for (name, why) in [
+        ("gpt-oss", "attention sinks"),
+        ("bert", "encoder models"),
+        ("azmx-ocr", "CTC head"),
+    ] {
+        let p = rewritten(&format!("{name}.gguf"), |kv, _| set_arch(kv, name));
+        let e = load_error(&p);
+        assert!(
+            matches!(e, LoadError::Refused { .. }) && e.to_string().contains(why),
+            "{name}: {e}"
+        );
+    }
 
     let p = rewritten("unknown.gguf", |kv, _| set_arch(kv, "frobnicator"));
     let e = load_error(&p);

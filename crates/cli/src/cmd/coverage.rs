@@ -5,6 +5,7 @@
 
 use anyhow::{Context, bail};
 use llamay_engine::ARCHITECTURES;
+use llamay_engine::arch::REFUSED;
 use llamay_engine::arch::{
     Experts, FfnKind, Gating, MoeSpec, NormKind, ParallelNorms, QkNorm, QkvLayout, Residual,
     RopeStyle, SwaPattern,
@@ -134,6 +135,13 @@ fn render() -> anyhow::Result<String> {
             yes(a.post_norms),
             if a.embed_scale_sqrt { "sqrt(n_embd)" } else { "-" },
         ));
+    }
+    s.push_str(
+        "\n## Refused by name\n\nA file declaring one of these fails at load with the reason \
+         and the list of architectures that run.\n\n| architecture | why |\n|---|---|\n",
+    );
+    for (name, why) in REFUSED {
+        s.push_str(&format!("| `{name}` | {why} |\n"));
     }
     s.push_str(
         "\n## Optional tensors\n\nWhat llama.cpp b11434's loaders (`src/models/<row>.cpp`) accept \
