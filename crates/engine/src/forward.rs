@@ -387,38 +387,25 @@ impl Context<'_> {
                 rms_rows(&mut s.o, w, cfg.norm_eps, e, threads);
             }
 
-            match &layer.ffn_input {
-                FfnInput::AfterAttention(norm) => {
-                    add_into(&mut x, &s.o, None, threads);
-                    norm_into(
-                        &x,
-                        &mut s.h2,
-                        Some(norm),
-                        arch.norm,
-                        cfg.norm_eps,
-                        e,
-                        threads,
-                    );
-                    model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
-                    add_into(&mut x, s.ffn.output(), None, threads);
+            // A sequential block's FFN reads x + attn; a parallel one's reads x, and both
+            // outputs join x together (llama.cpp's order of the adds).
+            let sequential = matches!(layer.ffn_input, FfnInput::AfterAttention(_));
+            if sequential {
+                add_into(&mut x, &s.o, None, threads);
+            }
+            let h = match &layer.ffn_input {
+                FfnInput::AfterAttention(norm) | FfnInput::Parallel(norm) => {
+                    let (kind, eps) = (arch.norm, cfg.norm_eps);
+                    norm_into(&x, &mut s.h2, Some(norm), kind, eps, e, threads);
+                    &s.h2
                 }
-                FfnInput::Parallel(norm) => {
-                    norm_into(
-                        &x,
-                        &mut s.h2,
-                        Some(norm),
-                        arch.norm,
-                        cfg.norm_eps,
-                        e,
-                        threads,
-                    );
-                    model.ffn(threads, layer, &s.h2, &mut s.ffn, &mut s.act);
-                    add_into(&mut x, &s.o, Some(s.ffn.output()), threads);
-                }
-                FfnInput::ParallelShared => {
-                    model.ffn(threads, layer, &s.h, &mut s.ffn, &mut s.act);
-                    add_into(&mut x, &s.o, Some(s.ffn.output()), threads);
-                }
+                FfnInput::ParallelShared => &s.h,
+            };
+            model.ffn(threads, layer, h, &mut s.ffn, &mut s.act);
+            if sequential {
+                add_into(&mut x, s.ffn.output(), None, threads);
+            } else {
+                add_into(&mut x, &s.o, Some(s.ffn.output()), threads);
             }
         }
         for &q in &seqs {
