@@ -75,12 +75,19 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// One thread and all of them (once, on a one-CPU machine: criterion refuses an id twice).
+fn thread_counts() -> Vec<usize> {
+    let mut counts = vec![1, threads()];
+    counts.dedup();
+    counts
+}
+
 fn gemv(c: &mut Criterion) {
     let mut g = c.benchmark_group("gemv_2048x2048");
     g.warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(20);
-    for nt in [1, threads()] {
+    for nt in thread_counts() {
         let pool = ThreadPool::new(nt);
         for ty in [Q4_K, Q8_0, Q6_K, Q5_0] {
             let w = weights(ty, ROWS, COLS);
@@ -156,5 +163,40 @@ fn prefill_model_shapes(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, gemv, prefill, prefill_model_shapes);
+/// The output matrices that dominate a decode step's bytes, far larger than the caches:
+/// Gemma 3 270M's tied Q8_0 embedding (262,144 × 640) and the 1B shape's Q6_K one
+/// (128,256 × 2048); and a Q4_K matrix of 72 MiB. GB/s here against `scripts/membw` is how close a kernel gets to the
+/// bandwidth floor; the 2048² group above measures it from cache.
+fn gemv_output_matrix(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gemv_output");
+    g.warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(10);
+    for (ty, rows, cols) in [
+        (Q8_0, 262_144, 640),
+        (Q6_K, 128_256, 2048),
+        (Q4_K, 32_768, 4096),
+    ] {
+        let w = weights(ty, rows, cols);
+        let mut out = vec![0f32; rows];
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        for nt in thread_counts() {
+            let pool = ThreadPool::new(nt);
+            let a = activations_of(ty, 1, cols, &pool);
+            for (set, p) in packed(ty, &w, rows, cols, &pool) {
+                let id = BenchmarkId::new(format!("{ty}/packed-{}/{rows}x{cols}", set.name()), nt);
+                g.bench_function(id, |b| b.iter(|| matmul_packed(&p, &a, &mut out, &pool)));
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    gemv,
+    prefill,
+    prefill_model_shapes,
+    gemv_output_matrix
+);
 criterion_main!(benches);

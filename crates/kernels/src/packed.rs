@@ -159,14 +159,14 @@ pub fn packable(ty: GgmlType, rows: usize, cols: usize) -> bool {
     packable_with(dispatch::active(), ty, rows, cols)
 }
 
-/// Whether `set` has packed kernels for `ty` and this CPU runs it (x86-64 `Avx2`, not
-/// for Q8_0, whose pair sums overflow `vpmaddubsw`; `AvxVnni`; `Avx512Vnni`; aarch64
-/// `NeonDotprod`, not for Q8_0, whose stored bytes do not fit `sdot`'s signed weights;
-/// `NeonI8mm`), the format has a layout, and the rows fill whole groups.
+/// Whether `set` has packed kernels for `ty` and this CPU runs it (x86-64 `Avx2`,
+/// `AvxVnni`, `Avx512Vnni`; aarch64 `NeonDotprod`, not for Q8_0, whose stored bytes do
+/// not fit `sdot`'s signed weights; `NeonI8mm`), the format has a layout, and the rows
+/// fill whole groups.
 pub fn packable_with(set: KernelSet, ty: GgmlType, rows: usize, cols: usize) -> bool {
     let set_packs = match set {
-        KernelSet::Avx2 | KernelSet::NeonDotprod => ty != GgmlType::Q8_0,
-        KernelSet::AvxVnni | KernelSet::Avx512Vnni | KernelSet::Avx512Amx => true,
+        KernelSet::NeonDotprod => ty != GgmlType::Q8_0,
+        KernelSet::Avx2 | KernelSet::AvxVnni | KernelSet::Avx512Vnni | KernelSet::Avx512Amx => true,
         KernelSet::NeonI8mm => true,
         KernelSet::Portable | KernelSet::Neon => false,
     };

@@ -1,16 +1,18 @@
 //! 256-bit kernels over the same packed layout as `packed512`, for two sets: AVX-VNNI
 //! (`vpdpbusd` at 256 bits, VEX-encoded: Alder Lake and later cores without AVX-512) and
-//! plain AVX2 (the same four-byte dot as `vpmaddubsw` + `vpmaddwd`, exact while a pair
-//! of products fits i16: weights of at most 6 bits, so not Q8_0). A 64-byte line holds
-//! four weights of each of 16 rows; a ymm register takes half of it, 8 rows, so one group
-//! runs as two 8-row passes, each over up to `TILE` tokens (the 16 ymm registers hold
-//! TILE × three accumulators plus the unpacking temporaries).
+//! plain AVX2 (the four-byte dot as `vpmaddubsw`, whose i16 pair sums are added while
+//! they stay exact and then widened by `vpmaddwd` with the sub-block scale; Q8_0's
+//! signed weights through `vpsignb`, as llama.cpp's AVX2 dot product does). A 64-byte
+//! line holds four weights of each of 16 rows; a ymm register takes half of it, 8 rows,
+//! so one group runs as two 8-row passes, each over up to `TILE` tokens (the 16 ymm
+//! registers hold TILE × three accumulators plus the unpacking temporaries).
 //!
 //! The kernel bodies are written once, generic over [`Dot`], and inlined into one entry
 //! per set compiled with that set's features (`vnni::tile`, `avx2::tile`).
 //!
 //! Float steps follow `portable` exactly, per lane (separate multiply and add, no FMA),
-//! so the results are bit-identical to the portable kernels.
+//! and the integer sums are exact, so the results are bit-identical to the portable
+//! kernels.
 //!
 //! An entry may only be called when `dispatch` found its set's features (avx2, fma,
 //! f16c, and avxvnni for `vnni`), which `packed::packable_with` guarantees.
@@ -22,24 +24,90 @@ use llamay_formats::GgmlType;
 /// Tokens per register tile.
 pub(crate) const TILE: usize = 4;
 
-/// The four-byte dot products of a set: `acc + Σ4 u8·i8` and `acc + Σ2 i16·i16` per lane.
+/// The four-byte dot products of a set.
+///
+/// A *partial* sums the products of a few quads (four weight bytes of a row against
+/// four activation bytes, per lane) in whatever width the set multiplies in; `widen`
+/// and `widen_scaled` turn it into i32 per row. AVX2's `vpmaddubsw` leaves i16 pairs, so
+/// its partials hold only as many quads as stay below 2^15 (`quads`), and the widening
+/// `vpmaddwd` then takes the sub-block scale for free (instead of a `vpmulld`).
 pub(crate) trait Dot {
+    /// Whether partials are already i32 (`widen` is the identity): then a kernel adds
+    /// quads straight into its i32 sums.
+    const WIDE: bool;
+    /// Quads one partial holds exactly for unsigned weights of `bits` bits against i8
+    /// activations (|a| ≤ 128).
+    fn quads(bits: u32) -> usize;
+    /// `acc + Σ4 w·a` per lane, weights unsigned.
+    ///
     /// # Safety
     /// The set's features.
-    unsafe fn dot4(acc: __m256i, w: __m256i, a: __m256i) -> __m256i;
+    unsafe fn partial(acc: __m256i, w: __m256i, a: __m256i) -> __m256i;
+    /// A partial as i32 per row.
+    ///
+    /// # Safety
+    /// The set's features.
+    unsafe fn widen(acc: __m256i) -> __m256i;
+    /// A partial times each row's scale (from `scale`), as i32 per row.
+    ///
+    /// # Safety
+    /// The set's features.
+    unsafe fn widen_scaled(acc: __m256i, sc: __m256i) -> __m256i;
+    /// Half `h` of the sixteen byte scales at `p` (one per row, unsigned or signed for
+    /// `SIGNED`) as `widen_scaled` takes them.
+    ///
+    /// # Safety
+    /// 16 readable bytes at p; the set's features.
+    unsafe fn scale<const SIGNED: bool>(p: *const u8, h: usize) -> __m256i;
+    /// Whether `partial_q8` computes `Σ u·a` of Q8_0's stored bytes `u = w + 128`, leaving
+    /// the `-128 Σ a` correction to the prepared aux value (else it is exact).
+    const Q8_OFFSET_IN_AUX: bool;
+    /// One quad of Q8_0's stored bytes `u = w + 128` into an i32 partial (see
+    /// `Q8_OFFSET_IN_AUX`).
+    ///
+    /// # Safety
+    /// The set's features.
+    unsafe fn partial_q8(acc: __m256i, u: __m256i, a: __m256i) -> __m256i;
+    /// `acc + Σ2 i16·i16` per lane.
+    ///
     /// # Safety
     /// The set's features.
     unsafe fn dot2_i16(acc: __m256i, x: __m256i, y: __m256i) -> __m256i;
 }
 
-/// AVX-VNNI: one instruction each.
+/// AVX-VNNI: `vpdpbusd` sums into i32, so a partial holds any number of quads.
 pub(crate) struct Vnni;
 
 impl Dot for Vnni {
+    const WIDE: bool = true;
     #[inline(always)]
-    unsafe fn dot4(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+    fn quads(_: u32) -> usize {
+        usize::MAX
+    }
+    #[inline(always)]
+    unsafe fn partial(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: the caller runs with avxvnni.
         unsafe { _mm256_dpbusd_avx_epi32(acc, w, a) }
+    }
+    #[inline(always)]
+    unsafe fn widen(acc: __m256i) -> __m256i {
+        acc
+    }
+    #[inline(always)]
+    unsafe fn widen_scaled(acc: __m256i, sc: __m256i) -> __m256i {
+        // SAFETY: the caller runs with avxvnni.
+        unsafe { _mm256_mullo_epi32(acc, sc) }
+    }
+    #[inline(always)]
+    unsafe fn scale<const SIGNED: bool>(p: *const u8, h: usize) -> __m256i {
+        // SAFETY: forwarded from the caller.
+        unsafe { bytes8::<SIGNED>(p, h) }
+    }
+    const Q8_OFFSET_IN_AUX: bool = true;
+    #[inline(always)]
+    unsafe fn partial_q8(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
+        // SAFETY: the caller runs with avxvnni.
+        unsafe { _mm256_dpbusd_avx_epi32(acc, u, a) }
     }
     #[inline(always)]
     unsafe fn dot2_i16(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
@@ -48,16 +116,55 @@ impl Dot for Vnni {
     }
 }
 
-/// AVX2: `vpmaddubsw` (exact: weights ≤ 63, so |pair| ≤ 2·63·127 < 2^15), `vpmaddwd`
-/// by ones, `vpaddd`.
+/// AVX2: `vpmaddubsw` into i16 pairs, summed with `vpaddw` while exact, widened by
+/// `vpmaddwd` (by ones, or by the scale).
 pub(crate) struct Avx2Dot;
 
 impl Dot for Avx2Dot {
+    const WIDE: bool = false;
     #[inline(always)]
-    unsafe fn dot4(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+    fn quads(bits: u32) -> usize {
+        // A pair is at most 2 · (2^bits − 1) · 128; the i16 sum must stay below 2^15.
+        (32767 / (2 * ((1 << bits) - 1) * 128)) as usize
+    }
+    #[inline(always)]
+    unsafe fn partial(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        // SAFETY: the caller runs with avx2.
+        unsafe { _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, a)) }
+    }
+    #[inline(always)]
+    unsafe fn widen(acc: __m256i) -> __m256i {
+        // SAFETY: the caller runs with avx2.
+        unsafe { _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) }
+    }
+    #[inline(always)]
+    unsafe fn widen_scaled(acc: __m256i, sc: __m256i) -> __m256i {
+        // SAFETY: the caller runs with avx2.
+        unsafe { _mm256_madd_epi16(acc, sc) }
+    }
+    #[inline(always)]
+    unsafe fn scale<const SIGNED: bool>(p: *const u8, h: usize) -> __m256i {
+        // SAFETY: 16 bytes at p (the caller's contract); the caller runs with avx2.
+        unsafe {
+            // Row r's scale in both i16 halves of lane r.
+            let v = _mm_loadl_epi64(p.add(8 * h) as *const __m128i);
+            let twice = _mm_unpacklo_epi8(v, v);
+            if SIGNED {
+                _mm256_cvtepi8_epi16(twice)
+            } else {
+                _mm256_cvtepu8_epi16(twice)
+            }
+        }
+    }
+    const Q8_OFFSET_IN_AUX: bool = false;
+    #[inline(always)]
+    unsafe fn partial_q8(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
         // SAFETY: the caller runs with avx2.
         unsafe {
-            let pairs = _mm256_maddubs_epi16(w, a);
+            // |w| · (a with w's sign): a pair is at most 2 · 128 · 127 < 2^15 (Q8_0
+            // activations are within ±127), so `vpmaddubsw` is exact.
+            let w = _mm256_xor_si256(u, _mm256_set1_epi8(-128));
+            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
             _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
         }
     }
@@ -87,12 +194,7 @@ macro_rules! entry {
     };
 }
 entry!(vnni, Vnni, "avx2,fma,f16c,avxvnni", "The AVX-VNNI kernels.");
-entry!(
-    avx2,
-    Avx2Dot,
-    "avx2,fma,f16c",
-    "The AVX2 kernels (not Q8_0)."
-);
+entry!(avx2, Avx2Dot, "avx2,fma,f16c", "The AVX2 kernels.");
 
 /// Runs the kernel for `ty` on `m` tokens (1..=TILE), both halves of the group.
 ///
@@ -101,28 +203,33 @@ entry!(
 /// tokens and the group.
 #[inline(always)]
 unsafe fn tile_with<D: Dot>(ty: GgmlType, m: usize, t: &Tile) {
+    // One token (`$hs` 2): both 8-row halves in one pass, so that each line is used
+    // whole as it arrives (with a pass per half the memory stream idled through the
+    // second; Zen 3, Gemma's 262144 × 640 Q8_0 matrix from DRAM: 8.2 → 12.0 GiB/s).
+    // Q4_K and Q5_K keep a pass per half: their 16 sub-block sums then spill (2048² Q4_K
+    // from cache, one thread: 16.7 GiB/s per half, 10.0 both). More tokens: one half
+    // per pass, so that the tile stays in registers.
     macro_rules! by_m {
-        ($f:ident $(, $c:expr)?) => {
-            for h in 0..2 {
-                // SAFETY: forwarded from the caller.
-                unsafe {
-                    match m {
-                        1 => $f::<D, 1 $(, $c)?>(t, h),
-                        2 => $f::<D, 2 $(, $c)?>(t, h),
-                        3 => $f::<D, 3 $(, $c)?>(t, h),
-                        _ => $f::<D, TILE $(, $c)?>(t, h),
-                    }
+        ($hs:literal; $f:ident $(, $c:expr)?) => {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                match m {
+                    1 if $hs == 2 => $f::<D, 1 $(, $c)?, 2>(t, 0),
+                    1 => (0..2).for_each(|h| $f::<D, 1 $(, $c)?, 1>(t, h)),
+                    2 => (0..2).for_each(|h| $f::<D, 2 $(, $c)?, 1>(t, h)),
+                    3 => (0..2).for_each(|h| $f::<D, 3 $(, $c)?, 1>(t, h)),
+                    _ => (0..2).for_each(|h| $f::<D, TILE $(, $c)?, 1>(t, h)),
                 }
             }
         };
     }
     match ty {
-        GgmlType::Q8_0 => by_m!(legacy, Q8_0),
-        GgmlType::Q4_0 => by_m!(legacy, Q4_0),
-        GgmlType::Q5_0 => by_m!(legacy, Q5_0),
-        GgmlType::Q4_K => by_m!(k45, false),
-        GgmlType::Q5_K => by_m!(k45, true),
-        GgmlType::Q6_K => by_m!(q6_k),
+        GgmlType::Q8_0 => by_m!(2; legacy, Q8_0),
+        GgmlType::Q4_0 => by_m!(2; legacy, Q4_0),
+        GgmlType::Q5_0 => by_m!(2; legacy, Q5_0),
+        GgmlType::Q4_K => by_m!(1; k45, false),
+        GgmlType::Q5_K => by_m!(1; k45, true),
+        GgmlType::Q6_K => by_m!(2; q6_k),
         _ => {}
     }
 }
@@ -136,6 +243,23 @@ const Q5_0: u8 = 2;
 unsafe fn load_half(p: *const u8, h: usize) -> __m256i {
     // SAFETY: caller guarantees a 64-byte line at p.
     unsafe { _mm256_loadu_si256(p.add(32 * h) as *const __m256i) }
+}
+
+/// How far ahead of its reads a one-token pass asks for its weight lines. From DRAM
+/// the out-of-order window alone keeps too few lines in flight: it holds the dozen
+/// instructions each line costs for only ~20 lines (Zen 3, Gemma's 262144 × 640 Q8_0
+/// matrix, 2 threads: 9.9 → 13.5 GiB/s, one thread 5.5 → 7.8, at 16–64 KiB alike;
+/// the 1B shape's Q6_K output 7.6 → 10.0, a 72 MiB Q4_K matrix 9.6 → 11.0). Streams
+/// of fewer bytes per weight (high bits) are asked for proportionally nearer.
+const PREFETCH: usize = 16 << 10;
+
+/// Prefetches the line `dist` bytes after `p` (the address may lie past the group or
+/// the matrix: a prefetch never faults).
+#[inline(always)]
+fn prefetch_ahead(p: *const u8, dist: usize) {
+    // SAFETY: `prefetcht0` reads nothing architecturally and cannot fault; SSE is
+    // part of x86-64.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(dist) as *const i8) }
 }
 
 /// Four activation bytes at `p`, broadcast to every lane.
@@ -224,40 +348,80 @@ unsafe fn legacy_quad<const F: u8>(
     }
 }
 
-/// Q8_0 / Q4_0 / Q5_0 against Q8_0 activations, as `packed512::legacy`.
+/// Q8_0 / Q4_0 / Q5_0 against Q8_0 activations, as `packed512::legacy`; halves
+/// `h0..h0 + HS` of the group in one pass.
 #[inline(always)]
-unsafe fn legacy<D: Dot, const T: usize, const F: u8>(p: &Tile, h: usize) {
+unsafe fn legacy<D: Dot, const T: usize, const F: u8, const HS: usize>(p: &Tile, h0: usize) {
+    // Quads per partial: a block's eight when the set sums in i32.
+    let fold = if D::WIDE {
+        8
+    } else {
+        D::quads(if F == Q4_0 { 4 } else { 5 })
+    };
     // SAFETY: every pointer below stays inside the group (nb blocks) and the T tokens'
     // activation rows and prep entries; the set's features (the caller's contract).
     unsafe {
-        let mut facc = [_mm256_setzero_ps(); T];
+        let mut facc = [[_mm256_setzero_ps(); T]; HS];
         for b in 0..p.nb {
-            let mut iacc = [_mm256_setzero_si256(); T];
-            for (t, acc) in iacc.iter_mut().enumerate() {
-                *acc = _mm256_set1_epi32(*p.aux.add(t * p.prep_stride + b));
-            }
-            for k in 0..8 {
-                let w = legacy_quad::<F>(p.w, p.sec[1], b, k, h);
-                for (t, acc) in iacc.iter_mut().enumerate() {
-                    let av = bcast4(p.a.add(t * p.a_stride + b * 34 + 2 + 4 * k));
-                    *acc = D::dot4(*acc, w, av);
+            let mut iacc = [[_mm256_setzero_si256(); T]; HS];
+            if F != Q8_0 || D::Q8_OFFSET_IN_AUX {
+                for ia in iacc.iter_mut() {
+                    for (t, acc) in ia.iter_mut().enumerate() {
+                        *acc = _mm256_set1_epi32(*p.aux.add(t * p.prep_stride + b));
+                    }
                 }
             }
-            let d = scales8(p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32), h);
-            for (t, acc) in facc.iter_mut().enumerate() {
-                let s = _mm256_mul_ps(d, _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b)));
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(s, _mm256_cvtepi32_ps(iacc[t])));
+            let mut part = [[_mm256_setzero_si256(); T]; HS];
+            for k in 0..8 {
+                if T == 1 {
+                    if F == Q8_0 {
+                        prefetch_ahead(p.w.add(b * 512 + k * 64), PREFETCH);
+                    } else if k < 4 {
+                        prefetch_ahead(p.w.add(b * 256 + k * 64), PREFETCH);
+                    } else if F == Q5_0 && k == 4 {
+                        prefetch_ahead(p.w.add(p.sec[1] + b * 64), PREFETCH / 4);
+                    }
+                }
+                for hh in 0..HS {
+                    let w = legacy_quad::<F>(p.w, p.sec[1], b, k, h0 + hh);
+                    for t in 0..T {
+                        let av = bcast4(p.a.add(t * p.a_stride + b * 34 + 2 + 4 * k));
+                        if F == Q8_0 {
+                            iacc[hh][t] = D::partial_q8(iacc[hh][t], w, av);
+                        } else if D::WIDE {
+                            iacc[hh][t] = D::partial(iacc[hh][t], w, av);
+                        } else {
+                            part[hh][t] = D::partial(part[hh][t], w, av);
+                        }
+                    }
+                    if F != Q8_0 && !D::WIDE && (k + 1) % fold == 0 {
+                        for (acc, pt) in iacc[hh].iter_mut().zip(part[hh].iter_mut()) {
+                            *acc = _mm256_add_epi32(*acc, D::widen(*pt));
+                            *pt = _mm256_setzero_si256();
+                        }
+                    }
+                }
+            }
+            for hh in 0..HS {
+                let at = p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32;
+                let d = scales8(p.w.add(at), h0 + hh);
+                for (t, acc) in facc[hh].iter_mut().enumerate() {
+                    let s = _mm256_mul_ps(d, _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b)));
+                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(s, _mm256_cvtepi32_ps(iacc[hh][t])));
+                }
             }
         }
-        for (t, acc) in facc.iter().enumerate() {
-            _mm256_storeu_ps(p.out.add(t * p.out_stride + 8 * h), *acc);
+        for (hh, fa) in facc.iter().enumerate() {
+            for (t, acc) in fa.iter().enumerate() {
+                _mm256_storeu_ps(out_at(p, t, h0 + hh), *acc);
+            }
         }
     }
 }
 
-/// Q4_K (and Q5_K with `Q5`) against Q8_K, as `packed512::k45`.
+/// Q4_K (and Q5_K with `Q5`) against Q8_K, as `packed512::k45`; halves `h0..h0 + HS`.
 #[inline(always)]
-unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
+unsafe fn k45<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: &Tile, h0: usize) {
     let nb = p.nb;
     // Sections after the nibbles (Q5_K has its fifth bits first).
     let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = if Q5 {
@@ -265,120 +429,175 @@ unsafe fn k45<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
     } else {
         [0, p.sec[1], p.sec[2], p.sec[3], p.sec[4]]
     };
+    let fold = D::quads(if Q5 { 5 } else { 4 });
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
         // The running sums live in `out`, not in registers: with the block sums and the
         // sub-block sums, 16 ymm are too few (measured: faster than the spills).
-        for t in 0..T {
-            _mm256_storeu_ps(out_at(p, t, h), _mm256_setzero_ps());
+        for hh in 0..HS {
+            for t in 0..T {
+                _mm256_storeu_ps(out_at(p, t, h0 + hh), _mm256_setzero_ps());
+            }
         }
         for b in 0..nb {
-            let mut sumi = [_mm256_setzero_si256(); T];
+            let mut sumi = [[_mm256_setzero_si256(); T]; HS];
             for j in 0..8 {
-                let mut iacc = [_mm256_setzero_si256(); T];
+                let mut sc = [_mm256_setzero_si256(); HS];
+                for (hh, s) in sc.iter_mut().enumerate() {
+                    *s = D::scale::<false>(p.w.add(sc_sec + b * 128 + j * 16), h0 + hh);
+                }
+                let mut part = [[_mm256_setzero_si256(); T]; HS];
                 for kk in 0..8 {
-                    let v = load_half(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64), h);
-                    let mut w = if j % 2 == 0 {
-                        _mm256_and_si256(v, m4)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
-                    };
-                    if Q5 {
-                        w = add_fifth_bit(w, p.w.add(hi_sec + b * 512 + (8 * j + kk) * 8), h);
+                    if T == 1 && h0 == 0 {
+                        if j % 2 == 0 {
+                            prefetch_ahead(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64), PREFETCH);
+                        }
+                        if Q5 && kk == 0 {
+                            prefetch_ahead(p.w.add(hi_sec + b * 512 + 64 * j), PREFETCH / 4);
+                        }
                     }
-                    for (t, acc) in iacc.iter_mut().enumerate() {
-                        let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 32 * j + 4 * kk));
-                        *acc = D::dot4(*acc, w, av);
+                    for hh in 0..HS {
+                        let h = h0 + hh;
+                        let v = load_half(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64), h);
+                        let mut w = if j % 2 == 0 {
+                            _mm256_and_si256(v, m4)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
+                        };
+                        if Q5 {
+                            w = add_fifth_bit(w, p.w.add(hi_sec + b * 512 + (8 * j + kk) * 8), h);
+                        }
+                        for (t, pt) in part[hh].iter_mut().enumerate() {
+                            let at = t * p.a_stride + b * 292 + 4 + 32 * j + 4 * kk;
+                            *pt = D::partial(*pt, w, bcast4(p.a.add(at)));
+                        }
+                        if (kk + 1) % fold == 0 || kk == 7 {
+                            for (s, pt) in sumi[hh].iter_mut().zip(part[hh].iter_mut()) {
+                                *s = _mm256_add_epi32(*s, D::widen_scaled(*pt, sc[hh]));
+                                *pt = _mm256_setzero_si256();
+                            }
+                        }
                     }
-                }
-                let sc = bytes8::<false>(p.w.add(sc_sec + b * 128 + j * 16), h);
-                for (s, acc) in sumi.iter_mut().zip(&iacc) {
-                    *s = _mm256_add_epi32(*s, _mm256_mullo_epi32(*acc, sc));
                 }
             }
-            // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
-            let mut mpair = [_mm256_setzero_si256(); 4];
-            for (q, mp) in mpair.iter_mut().enumerate() {
-                let m0 = bytes8::<false>(p.w.add(mn_sec + b * 128 + (2 * q) * 16), h);
-                let m1 = bytes8::<false>(p.w.add(mn_sec + b * 128 + (2 * q + 1) * 16), h);
-                *mp = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
-            }
-            let d = scales8(p.w.add(d_sec + b * 32), h);
-            let dmin = scales8(p.w.add(dmin_sec + b * 32), h);
-            for (t, si) in sumi.iter().enumerate() {
-                let o = out_at(p, t, h);
-                let aux = p.aux.add((t * p.prep_stride + b) * 4);
-                let mut summs = _mm256_setzero_si256();
-                for (q, mp) in mpair.iter().enumerate() {
-                    summs = D::dot2_i16(summs, *mp, _mm256_set1_epi32(*aux.add(q)));
+            for (hh, si) in sumi.iter().enumerate() {
+                let h = h0 + hh;
+                // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
+                let mut mpair = [_mm256_setzero_si256(); 4];
+                for (q, mp) in mpair.iter_mut().enumerate() {
+                    let m0 = bytes8::<false>(p.w.add(mn_sec + b * 128 + (2 * q) * 16), h);
+                    let m1 = bytes8::<false>(p.w.add(mn_sec + b * 128 + (2 * q + 1) * 16), h);
+                    *mp = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
                 }
-                let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                let x = _mm256_add_ps(
-                    _mm256_loadu_ps(o),
-                    _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si)),
-                );
-                let acc = _mm256_sub_ps(
-                    x,
-                    _mm256_mul_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(summs)),
-                );
-                _mm256_storeu_ps(o, acc);
+                let d = scales8(p.w.add(d_sec + b * 32), h);
+                let dmin = scales8(p.w.add(dmin_sec + b * 32), h);
+                for (t, si) in si.iter().enumerate() {
+                    let o = out_at(p, t, h);
+                    let aux = p.aux.add((t * p.prep_stride + b) * 4);
+                    let mut summs = _mm256_setzero_si256();
+                    for (q, mp) in mpair.iter().enumerate() {
+                        summs = D::dot2_i16(summs, *mp, _mm256_set1_epi32(*aux.add(q)));
+                    }
+                    let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
+                    let x = _mm256_add_ps(
+                        _mm256_loadu_ps(o),
+                        _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si)),
+                    );
+                    let acc = _mm256_sub_ps(
+                        x,
+                        _mm256_mul_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(summs)),
+                    );
+                    _mm256_storeu_ps(o, acc);
+                }
             }
         }
     }
 }
 
-/// Q6_K against Q8_K, as `packed512::q6_k`.
+/// Q6_K against Q8_K, as `packed512::q6_k`; halves `h0..h0 + HS`.
 #[inline(always)]
-unsafe fn q6_k<D: Dot, const T: usize>(p: &Tile, h: usize) {
+unsafe fn q6_k<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usize) {
     let nb = p.nb;
     let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
         let m30 = _mm256_set1_epi8(0x30);
-        let mut facc = [_mm256_setzero_ps(); T];
+        let fold = D::quads(6);
+        let mut facc = [[_mm256_setzero_ps(); T]; HS];
         for b in 0..nb {
-            let mut sumi = [_mm256_setzero_si256(); T];
+            let mut sumi = [[_mm256_setzero_si256(); T]; HS];
             for s in 0..16 {
-                let mut iacc = [_mm256_setzero_si256(); T];
-                for (t, acc) in iacc.iter_mut().enumerate() {
-                    *acc = _mm256_set1_epi32(*p.aux.add((t * p.prep_stride + b) * 16 + s));
-                }
-                for qq in 0..4 {
-                    let q = 4 * s + qq;
-                    let lo = load_half(p.w.add(b * 2048 + (q % 32) * 64), h);
-                    let lo = if q < 32 { lo } else { _mm256_srli_epi16(lo, 4) };
-                    // The quad's two high bits (bits 2(s/4)..+1 of each byte) to 4..5.
-                    let hi = load_half(p.w.add(hi_sec + b * 1024 + (q % 16) * 64), h);
-                    let hi = match s / 4 {
-                        0 => _mm256_slli_epi16(hi, 4),
-                        1 => _mm256_slli_epi16(hi, 2),
-                        2 => hi,
-                        _ => _mm256_srli_epi16(hi, 2),
-                    };
-                    let w = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
-                    for (t, acc) in iacc.iter_mut().enumerate() {
-                        let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 4 * q));
-                        *acc = D::dot4(*acc, w, av);
+                let mut iacc = [[_mm256_setzero_si256(); T]; HS];
+                for ia in iacc.iter_mut() {
+                    for (t, acc) in ia.iter_mut().enumerate() {
+                        *acc = _mm256_set1_epi32(*p.aux.add((t * p.prep_stride + b) * 16 + s));
                     }
                 }
-                let sc = bytes8::<true>(p.w.add(sc_sec + b * 256 + s * 16), h);
-                for (sm, acc) in sumi.iter_mut().zip(&iacc) {
-                    *sm = _mm256_add_epi32(*sm, _mm256_mullo_epi32(*acc, sc));
+                let mut part = [[_mm256_setzero_si256(); T]; HS];
+                for qq in 0..4 {
+                    let q = 4 * s + qq;
+                    if T == 1 && h0 == 0 {
+                        if q < 32 {
+                            prefetch_ahead(p.w.add(b * 2048 + q * 64), PREFETCH);
+                        }
+                        if q < 16 {
+                            prefetch_ahead(p.w.add(hi_sec + b * 1024 + q * 64), PREFETCH / 2);
+                        }
+                    }
+                    for hh in 0..HS {
+                        let h = h0 + hh;
+                        let lo = load_half(p.w.add(b * 2048 + (q % 32) * 64), h);
+                        let lo = if q < 32 { lo } else { _mm256_srli_epi16(lo, 4) };
+                        // The quad's two high bits (bits 2(s/4)..+1 of each byte) to 4..5.
+                        let hi = load_half(p.w.add(hi_sec + b * 1024 + (q % 16) * 64), h);
+                        let hi = match s / 4 {
+                            0 => _mm256_slli_epi16(hi, 4),
+                            1 => _mm256_slli_epi16(hi, 2),
+                            2 => hi,
+                            _ => _mm256_srli_epi16(hi, 2),
+                        };
+                        let w =
+                            _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
+                        for t in 0..T {
+                            let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 4 * q));
+                            if D::WIDE {
+                                iacc[hh][t] = D::partial(iacc[hh][t], w, av);
+                            } else {
+                                part[hh][t] = D::partial(part[hh][t], w, av);
+                            }
+                        }
+                        if !D::WIDE && (qq + 1) % fold == 0 {
+                            for (acc, pt) in iacc[hh].iter_mut().zip(part[hh].iter_mut()) {
+                                *acc = _mm256_add_epi32(*acc, D::widen(*pt));
+                                *pt = _mm256_setzero_si256();
+                            }
+                        }
+                    }
+                }
+                for hh in 0..HS {
+                    let sc = bytes8::<true>(p.w.add(sc_sec + b * 256 + s * 16), h0 + hh);
+                    for (sm, acc) in sumi[hh].iter_mut().zip(&iacc[hh]) {
+                        *sm = _mm256_add_epi32(*sm, _mm256_mullo_epi32(*acc, sc));
+                    }
                 }
             }
-            let d = scales8(p.w.add(d_sec + b * 32), h);
-            for (t, acc) in facc.iter_mut().enumerate() {
-                let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                *acc = _mm256_add_ps(
-                    *acc,
-                    _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(sumi[t])),
-                );
+            for hh in 0..HS {
+                let d = scales8(p.w.add(d_sec + b * 32), h0 + hh);
+                for (t, acc) in facc[hh].iter_mut().enumerate() {
+                    let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
+                    *acc = _mm256_add_ps(
+                        *acc,
+                        _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(sumi[hh][t])),
+                    );
+                }
             }
         }
-        for (t, acc) in facc.iter().enumerate() {
-            _mm256_storeu_ps(p.out.add(t * p.out_stride + 8 * h), *acc);
+        for (hh, fa) in facc.iter().enumerate() {
+            for (t, acc) in fa.iter().enumerate() {
+                _mm256_storeu_ps(out_at(p, t, h0 + hh), *acc);
+            }
         }
     }
 }
