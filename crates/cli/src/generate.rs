@@ -38,9 +38,22 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub ignore_eos: bool,
     /// Speculate up to N tokens per step by prompt lookup (the continuation of the
-    /// last n-gram's previous occurrence), verified in one batch; needs --temp 0.
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    /// last n-gram's previous occurrence), verified in one batch: the output is the
+    /// same as without it, greedy or sampled.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        conflicts_with = "draft_model"
+    )]
     pub draft_lookup: usize,
+    /// Speculate with a smaller model sharing the vocabulary: its greedy guesses are
+    /// verified in one batch (the output is the same as without it).
+    #[arg(long, value_name = "FILE")]
+    pub draft_model: Option<std::path::PathBuf>,
+    /// Most tokens the draft model guesses per step (default 16).
+    #[arg(long, value_name = "N", requires = "draft_model")]
+    pub draft_max: Option<usize>,
 }
 
 impl SamplingArgs {
@@ -61,21 +74,21 @@ impl SamplingArgs {
         Ok(params)
     }
 
-    /// `--draft-lookup`: the most draft tokens per step (0: no speculation).
+    /// `--draft-lookup` / `--draft-max`: the most draft tokens per step (0: no
+    /// speculation).
     pub fn draft(&self) -> anyhow::Result<usize> {
-        if self.draft_lookup > 0 && self.temp != 0.0 {
-            bail!(
-                "--draft-lookup {}: speculation is exact only for greedy decoding here; give --temp 0 (sampled speculation is not implemented)",
-                self.draft_lookup
-            );
+        let (flag, n) = match (self.draft_model.is_some(), self.draft_max) {
+            (true, Some(n)) => ("--draft-max", n),
+            (true, None) => return Ok(16),
+            (false, _) => ("--draft-lookup", self.draft_lookup),
+        };
+        if n > 64 {
+            bail!("{flag} {n}: at most 64 draft tokens");
         }
-        if self.draft_lookup > 64 {
-            bail!(
-                "--draft-lookup {}: at most 64 draft tokens",
-                self.draft_lookup
-            );
+        if n == 0 && self.draft_model.is_some() {
+            bail!("--draft-max 0: give at least 1 (or leave out --draft-model)");
         }
-        Ok(self.draft_lookup)
+        Ok(n)
     }
 
     /// The most tokens one answer may have.
@@ -153,7 +166,7 @@ pub enum Flow {
 
 /// The sampling side of one answer: the sampler, the tokens its penalties look back on
 /// (grows as tokens are generated), and the limits.
-pub struct Sampling {
+pub struct Sampling<'d> {
     pub sampler: Sampler,
     pub history: Vec<u32>,
     pub limit: usize,
@@ -161,71 +174,134 @@ pub struct Sampling {
     /// `--json` / `--json-schema` / `--grammar`: every token keeps the output a prefix
     /// of the grammar's sentences; an end token only once it is a whole one.
     pub constraint: Option<Constraint>,
-    /// `--draft-lookup`: speculation (greedy, unconstrained answers only).
-    pub speculation: Speculation,
+    /// `--draft-lookup` / `--draft-model`: speculation.
+    pub speculation: Speculation<'d>,
 }
 
-/// Prompt-lookup speculation: after each token, the continuation of the most recent
-/// earlier occurrence of the last 3 (else 2, else 1) tokens is proposed and verified in
-/// the same decode call as the token. The engine's rows do not depend on the batch
-/// (crates/engine/tests/batch_invariance.rs), so verifying a draft computes the logits
-/// one-token decoding would: the output is token for token the same.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Speculation {
+/// Speculation: after each token, a draft of the tokens likely to follow it (the
+/// continuation of the last n-gram's earlier occurrence, or a small model's greedy
+/// guess) is decoded in the same call as the token, and each draft token is kept while
+/// it is what the sampler picks from the logits before it.
+///
+/// The engine's rows do not depend on the batch (crates/engine/tests/batch_invariance.rs),
+/// so those logits are the ones one-token decoding computes; and the sampler is asked
+/// exactly once per generated token, in order, with the same history, constraint and
+/// random state as without speculation. The output is therefore token for token the
+/// same, greedy or sampled (the standard rejection rule for a draft proposed with
+/// certainty: a draft token `x` survives with probability p(x), and where it does not,
+/// the token kept is drawn from p without x).
+#[derive(Default)]
+pub struct Speculation<'d> {
     /// Most draft tokens per step (0: off).
     pub max_draft: usize,
+    /// Where drafts come from (None: no speculation).
+    pub drafter: Option<Box<dyn Drafter + 'd>>,
     pub drafted: usize,
     pub accepted: usize,
 }
 
-impl Sampling {
+impl<'d> Speculation<'d> {
+    /// `max_draft` tokens per step from `drafter`, or none when `max_draft` is 0.
+    pub fn new(max_draft: usize, drafter: Box<dyn Drafter + 'd>) -> Self {
+        Speculation {
+            max_draft,
+            drafter: (max_draft > 0).then_some(drafter),
+            ..Speculation::default()
+        }
+    }
+}
+
+/// A source of draft tokens.
+pub trait Drafter {
+    /// Up to `max` tokens guessed to follow `tokens` (the sequence so far, its last token
+    /// not yet decoded).
+    fn draft(&mut self, tokens: &[u32], max: usize) -> anyhow::Result<Vec<u32>>;
+}
+
+/// Prompt lookup (`--draft-lookup`): the continuation of the most recent earlier
+/// occurrence of the last 3 (else 2, else 1) tokens.
+pub struct PromptLookup;
+
+impl Drafter for PromptLookup {
+    fn draft(&mut self, tokens: &[u32], max: usize) -> anyhow::Result<Vec<u32>> {
+        Ok(lookup_draft(tokens, max).to_vec())
+    }
+}
+
+/// What the sampler decided for one position.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    Token(u32),
+    /// An end-of-generation token that ends the answer.
+    End,
+}
+
+impl Sampling<'_> {
+    /// The token the sampler picks from `logits` (penalised and constrained as set up),
+    /// pushed onto the history; `generated` only names the place in an error.
+    fn pick(&mut self, logits: &[f32], tok: &Tokenizer, generated: usize) -> anyhow::Result<Pick> {
+        let id = match &mut self.constraint {
+            None => self.sampler.sample(logits, &self.history),
+            Some(c) => {
+                let Some(id) = self.sampler.sample_constrained(logits, &self.history, c) else {
+                    bail!(
+                        "the grammar admits no token of this vocabulary here (after {generated} tokens)"
+                    );
+                };
+                if tok.is_eog(id) {
+                    // Accepted only where the output is a whole sentence.
+                    return Ok(Pick::End);
+                }
+                c.accept(id);
+                id
+            }
+        };
+        if tok.is_eog(id) && !self.ignore_eos {
+            return Ok(Pick::End);
+        }
+        self.history.push(id);
+        Ok(Pick::Token(id))
+    }
+
+    fn grammar_complete(&self) -> bool {
+        self.constraint
+            .as_ref()
+            .is_some_and(|c| c.state().is_finished())
+    }
+
     /// Samples from `logits` (after the prefilled `seq`), decoding each token into
     /// `seq` and handing it to `on_token`, until end of generation (unless
     /// `ignore_eos`; the end token is neither handed over nor decoded), `limit` tokens,
     /// a full context, or `on_token` says stop. The last token handed over is not
-    /// decoded (nothing needs its logits). Returns how many tokens were handed over
-    /// and why it stopped.
+    /// decoded (nothing needs its logits) unless it was a draft token. Returns how many
+    /// tokens were handed over and why it stopped.
     pub fn run(
         &mut self,
         ctx: &mut Context<'_>,
         seq: SeqId,
         tok: &Tokenizer,
-        mut logits: Vec<f32>,
+        logits: Vec<f32>,
         mut on_token: impl FnMut(u32) -> anyhow::Result<Flow>,
     ) -> anyhow::Result<(usize, Stop)> {
         let n_ctx = ctx.kv().n_ctx();
         let mut generated = 0usize;
-        while generated < self.limit {
-            let id = match &mut self.constraint {
-                None => self.sampler.sample(&logits, &self.history),
-                Some(c) => {
-                    let Some(id) = self.sampler.sample_constrained(&logits, &self.history, c)
-                    else {
-                        bail!(
-                            "the grammar admits no token of this vocabulary here (after {generated} tokens)"
-                        );
-                    };
-                    if tok.is_eog(id) {
-                        // Accepted only where the output is a whole sentence.
-                        return Ok((generated, Stop::EndOfGeneration));
-                    }
-                    c.accept(id);
-                    id
-                }
-            };
-            if tok.is_eog(id) && !self.ignore_eos {
+        if self.limit == 0 {
+            return Ok((0, Stop::Length));
+        }
+        if self.speculation.drafter.is_some() {
+            // A rejected draft is cut from the cache after its batch.
+            ctx.kv_mut().keep_for_rollback(self.speculation.max_draft);
+        }
+        let mut next = self.pick(&logits, tok, generated)?;
+        loop {
+            let Pick::Token(id) = next else {
                 return Ok((generated, Stop::EndOfGeneration));
-            }
-            self.history.push(id);
+            };
             generated += 1;
             if on_token(id)? == Flow::Stop {
                 return Ok((generated, Stop::Interrupted));
             }
-            if self
-                .constraint
-                .as_ref()
-                .is_some_and(|c| c.state().is_finished())
-            {
+            if self.grammar_complete() {
                 return Ok((generated, Stop::GrammarComplete));
             }
             let pos = ctx.kv().len(seq)?;
@@ -233,18 +309,16 @@ impl Sampling {
                 return Ok((generated, Stop::ContextFull));
             }
             if generated == self.limit {
-                break;
+                return Ok((generated, Stop::Length));
             }
-            let speculate = self.speculation.max_draft > 0
-                && self.constraint.is_none()
-                && self.sampler.is_greedy();
+            // Room for the token and its draft in the context and the answer.
             let room = (n_ctx - pos - 1).min(self.limit - generated);
-            let draft: Vec<u32> = if speculate {
-                let d = lookup_draft(&self.history, self.speculation.max_draft.min(room));
-                d.to_vec()
-            } else {
-                Vec::new()
+            let max = self.speculation.max_draft.min(room);
+            let draft = match &mut self.speculation.drafter {
+                Some(d) if max > 0 => d.draft(&self.history, max)?,
+                _ => Vec::new(),
             };
+            debug_assert!(draft.len() <= max);
             let batch: Vec<BatchToken> = std::iter::once(id)
                 .chain(draft.iter().copied())
                 .enumerate()
@@ -256,36 +330,35 @@ impl Sampling {
                 })
                 .collect();
             let l = ctx.decode(&batch)?;
-            // Accept the draft while it is what this sampler picks (never an end token:
-            // the loop above decides those).
-            let mut accepted = 0;
-            while accepted < draft.len() {
-                let want = self.sampler.sample(l.row(accepted), &self.history);
-                if want != draft[accepted] || tok.is_eog(want) {
-                    break;
-                }
-                self.history.push(want);
-                accepted += 1;
-            }
             self.speculation.drafted += draft.len();
-            self.speculation.accepted += accepted;
-            // The rejected part of the draft leaves the cache.
-            if accepted < draft.len() {
-                ctx.kv_mut().truncate(seq, pos + 1 + accepted)?;
-            }
-            for (j, &d) in draft[..accepted].iter().enumerate() {
+            // Each row's pick is the next token; a draft token is kept while it is
+            // that pick (it is then already in the cache).
+            let mut k = 0;
+            let stop = loop {
+                next = self.pick(l.row(k), tok, generated)?;
+                if k == draft.len() || next != Pick::Token(draft[k]) {
+                    break None;
+                }
+                k += 1;
                 generated += 1;
-                if on_token(d)? == Flow::Stop {
-                    return Ok((generated, Stop::Interrupted));
+                if on_token(draft[k - 1])? == Flow::Stop {
+                    break Some(Stop::Interrupted);
+                }
+                if self.grammar_complete() {
+                    break Some(Stop::GrammarComplete);
                 }
                 if generated == self.limit {
-                    return Ok((generated, Stop::Length));
+                    break Some(Stop::Length);
                 }
-                debug_assert!(pos + 2 + j <= n_ctx);
+            };
+            self.speculation.accepted += k;
+            // The rejected part of the draft leaves the cache.
+            if k < draft.len() {
+                ctx.kv_mut().truncate(seq, pos + 1 + k)?;
             }
-            logits.clear();
-            logits.extend_from_slice(l.row(accepted));
+            if let Some(stop) = stop {
+                return Ok((generated, stop));
+            }
         }
-        Ok((generated, Stop::Length))
     }
 }

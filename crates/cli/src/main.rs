@@ -9,6 +9,7 @@ mod logits_file;
 mod out;
 mod runnable;
 mod session;
+mod speculate;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

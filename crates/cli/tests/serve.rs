@@ -751,16 +751,20 @@ fn serve_six_concurrent_requests_each_equal_the_same_request_alone() {
         cached > 1000.0,
         "the batched rounds reused cached prefixes ({cached})"
     );
-    // Prompt-lookup speculation changes no token either, batched or not (a
-    // code-repeating prompt added so that drafts are accepted; its answer without
-    // speculation from this server).
+    // Prompt-lookup speculation changes no token either, batched or not, greedy or
+    // seeded (a code-repeating prompt added, greedy and sampled, so that drafts are
+    // accepted; their answers without speculation from this server).
     let code = std::fs::read_to_string(data("data/speculate/code-edit.txt")).unwrap();
     let code_req = json!({"model": "gemma", "messages": [{"role": "user", "content": code}], "stream": false,
                           "options": {"temperature": 0, "num_predict": 64}});
-    let (st, v) = s.post("/api/chat", &code_req);
-    assert_eq!(st, 200, "{v}");
+    let code_sampled = json!({"model": "gemma", "messages": [{"role": "user", "content": code}], "stream": false,
+                              "options": {"temperature": 0.5, "seed": 11, "num_predict": 64}});
     let mut alone = alone;
-    alone.push(text(&v));
+    for r in [&code_req, &code_sampled] {
+        let (st, v) = s.post("/api/chat", r);
+        assert_eq!(st, 200, "{v}");
+        alone.push(text(&v));
+    }
     drop(s);
     let s = Serve::start(&[
         "-m",
@@ -775,7 +779,7 @@ fn serve_six_concurrent_requests_each_equal_the_same_request_alone() {
         "8",
     ]);
     let mut requests = requests;
-    requests.push(code_req);
+    requests.extend([code_req, code_sampled]);
     for (i, v) in all_at_once(&s, &requests).into_iter().enumerate() {
         assert_eq!(
             text(&v),

@@ -397,6 +397,9 @@ pub struct KvPool {
     windows: Vec<Option<usize>>,
     /// Most positions one sequence may hold.
     n_ctx: usize,
+    /// Positions a sequence may be rolled back by after a batch on sliding-window
+    /// layers (`keep_for_rollback`).
+    rollback: usize,
 }
 
 /// One page's key and value bytes, per layer: a snapshot's contents.
@@ -431,7 +434,16 @@ impl KvPool {
             seqs: BTreeMap::new(),
             windows,
             n_ctx,
+            rollback: 0,
         }
+    }
+
+    /// Keeps, on sliding-window layers, what the last `positions` tokens of a sequence
+    /// saw, so that `truncate` may cut up to that many positions from its end (a
+    /// speculative draft rejected after its batch) instead of being refused. Costs at
+    /// most one page per such layer and sequence when `positions <= PAGE`.
+    pub fn keep_for_rollback(&mut self, positions: usize) {
+        self.rollback = positions;
     }
 
     pub fn precision(&self) -> KvPrecision {
@@ -639,9 +651,11 @@ impl KvPool {
         let seq = self.seqs.get_mut(&s.0).expect("validated before the batch");
         seq.tokens.extend_from_slice(tokens);
         let len = seq.tokens.len();
+        // What the token at the oldest position a rollback may return to sees.
+        let oldest = len.saturating_sub(self.rollback);
         for (table, window) in seq.tables.iter_mut().zip(&self.windows) {
             if window.is_some() {
-                let keep_from = first_seen(len, *window) / PAGE;
+                let keep_from = first_seen(oldest, *window) / PAGE;
                 for slot in table.iter_mut().take(keep_from) {
                     if let Some(id) = slot.take() {
                         self.store.release(id);
@@ -991,6 +1005,39 @@ mod tests {
         p.audit();
         p.free(s).unwrap();
         assert_eq!(p.usage().pages_used, 0);
+    }
+
+    /// A speculative step decodes a token and its draft, then cuts the rejected tail:
+    /// with `keep_for_rollback(d)` every cut of up to d positions after a batch works,
+    /// at a cost of at most one more page per sliding layer.
+    #[test]
+    fn a_rollback_reserve_keeps_what_a_rejected_draft_needs() {
+        let w = 100;
+        for d in [1, 7, 64] {
+            let mut p = pool(10_000, Some(w));
+            p.keep_for_rollback(d);
+            let s = p.new_sequence();
+            let mut len = 0;
+            for step in 0..200 {
+                grow(&mut p, s, d, 1.0).unwrap();
+                len += d;
+                let cut = step % (d + 1);
+                p.truncate(s, len - cut).unwrap();
+                len -= cut;
+                let held = p.seqs[&s.0].tables[1].iter().flatten().count();
+                assert!(held <= (w + d).div_ceil(PAGE) + 1, "d {d}: {held} pages");
+            }
+            p.audit();
+        }
+        // Without the reserve the same cut is refused once the window has moved on.
+        let mut p = pool(10_000, Some(w));
+        let s = p.new_sequence();
+        grow(&mut p, s, 3 * PAGE, 1.0).unwrap();
+        grow(&mut p, s, 64, 1.0).unwrap();
+        assert!(matches!(
+            p.truncate(s, 3 * PAGE).unwrap_err(),
+            KvError::WindowReleased { .. }
+        ));
     }
 
     #[test]

@@ -141,7 +141,7 @@ pub struct EngineConfig {
     pub parallel: usize,
     /// Requests allowed to wait beyond `parallel`.
     pub queue: usize,
-    /// `--draft-lookup`: prompt-lookup draft tokens per greedy request per step (0: off).
+    /// `--draft-lookup`: prompt-lookup draft tokens per request per step (0: off).
     pub max_draft: usize,
 }
 
@@ -332,7 +332,9 @@ impl<'m, 't> Engine<'m, 't> {
                 .parallel
                 .saturating_mul(config.n_ctx + llamay_engine::PAGE),
         );
-        let ctx = model.context(p).expect("checked in Scheduler::start");
+        let mut ctx = model.context(p).expect("checked in Scheduler::start");
+        // A rejected draft is cut from the cache after its batch.
+        ctx.kv_mut().keep_for_rollback(config.max_draft);
         Engine {
             ctx,
             tok,
@@ -729,11 +731,13 @@ impl<'m, 't> Engine<'m, 't> {
         }
     }
 
-    /// A prompt-lookup draft for a greedy, unconstrained slot about to decode at `pos`
-    /// (`--draft-lookup`); empty otherwise.
+    /// A prompt-lookup draft for a slot about to decode at `pos` (`--draft-lookup`);
+    /// empty otherwise. Any request may carry one, greedy, sampled or constrained: the
+    /// sampler is still asked once per kept token, in order, with the same state, and
+    /// a draft token is kept only where it is what the sampler picked.
     fn draft_for(&self, s: &Slot<'_>, pos: usize) -> Vec<u32> {
         let max = self.config.max_draft;
-        if max == 0 || s.constraint.is_some() || !s.sampler.is_greedy() {
+        if max == 0 {
             return Vec::new();
         }
         let n_ctx = s.job.n_ctx.min(self.config.n_ctx);

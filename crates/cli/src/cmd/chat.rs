@@ -8,7 +8,7 @@ use crate::ModelArg;
 use crate::chat;
 use crate::constrain::{Bound, ConstraintArgs};
 use crate::generate::{Flow, Sampling, SamplingArgs, Speculation, prefill};
-use crate::session;
+use crate::{session, speculate};
 use anyhow::{Context as _, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
 use llamay_engine::{Context, ContextParams, KvError, SeqId};
@@ -242,8 +242,9 @@ struct Session<'c, 'm> {
     sampler: Option<Sampler>,
     limit: usize,
     ignore_eos: bool,
-    /// `--draft-lookup`.
-    max_draft: usize,
+    /// `--draft-lookup` / `--draft-model`: lent to each answer's sampling (the draft
+    /// model's cache follows the conversation from turn to turn).
+    speculation: Speculation<'c>,
     /// Each answer is sampled under this grammar (`--json`, ...).
     grammar: Option<Bound>,
     display: Display,
@@ -305,10 +306,7 @@ impl Session<'_, '_> {
             limit: self.limit,
             ignore_eos: self.ignore_eos,
             constraint: self.grammar.as_ref().map(Bound::start),
-            speculation: Speculation {
-                max_draft: self.max_draft,
-                ..Speculation::default()
-            },
+            speculation: std::mem::take(&mut self.speculation),
         };
         let mut out = std::io::stdout().lock();
         INTERRUPTED.store(false, Ordering::SeqCst);
@@ -326,6 +324,7 @@ impl Session<'_, '_> {
         });
         GENERATING.store(false, Ordering::SeqCst);
         self.sampler = Some(sampling.sampler);
+        self.speculation = sampling.speculation;
         let (generated, stop) = result?;
         let mut events = parser.push(&decoder.finish());
         events.extend(parser.finish());
@@ -410,6 +409,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let format = chat_format::require(args.chat_template.as_deref(), gguf.metadata(), &tok)?;
     let grammar = rules.map(|r| Bound::new(r, &tok)).transpose()?;
     let n_ctx = session::context(args.ctx_size, &model)?;
+    let draft_file = speculate::open_draft_file(&args.sampling)?;
+    let draft_model = (draft_file.as_ref())
+        .map(|f| speculate::load_draft(f, threads, &tok))
+        .transpose()?;
+    let max_draft = args.sampling.draft()?;
+    let drafter = speculate::drafter(
+        draft_model.as_ref(),
+        &tok,
+        speculate::DraftParams {
+            threads,
+            kv,
+            n_ctx,
+            max_draft,
+        },
+    )?;
     let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
     let interactive = std::io::stdin().is_terminal();
     catch_ctrl_c();
@@ -433,7 +447,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         sampler: None,
         limit,
         ignore_eos: args.sampling.ignore_eos,
-        max_draft: args.sampling.draft()?,
+        speculation: Speculation::new(max_draft, drafter),
         grammar,
         display: Display {
             show_reasoning: args.show_reasoning,

@@ -3,7 +3,7 @@
 use crate::ModelArg;
 use crate::constrain::{Bound, ConstraintArgs};
 use crate::generate::{Flow, Sampling, SamplingArgs, Speculation, prefill};
-use crate::session;
+use crate::{session, speculate};
 use anyhow::{Context, bail};
 use llamay_engine::sample::Sampler;
 use llamay_engine::{Context as EngineContext, ContextParams};
@@ -105,6 +105,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             ids.len()
         );
     }
+    let draft_file = speculate::open_draft_file(&args.sampling)?;
+    let draft_model = (draft_file.as_ref())
+        .map(|f| speculate::load_draft(f, threads, &tok))
+        .transpose()?;
+    let max_draft = args.sampling.draft()?;
+    let drafter = speculate::drafter(
+        draft_model.as_ref(),
+        &tok,
+        speculate::DraftParams {
+            threads,
+            kv,
+            n_ctx,
+            max_draft,
+        },
+    )?;
     let load_s = t_load.elapsed().as_secs_f64();
     let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
     generate(
@@ -117,10 +132,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             limit,
             ignore_eos: args.sampling.ignore_eos,
             constraint: bound.as_ref().map(Bound::start),
-            speculation: Speculation {
-                max_draft: args.sampling.draft()?,
-                ..Speculation::default()
-            },
+            speculation: Speculation::new(max_draft, drafter),
         },
         load_s,
     )
@@ -150,7 +162,7 @@ fn generate(
     out.write_all(stream.finish().as_bytes())?;
     out.flush()?;
     let gen_s = t_gen.elapsed().as_secs_f64();
-    let spec = sampling.speculation;
+    let spec = &sampling.speculation;
     let draft = if spec.max_draft > 0 {
         format!(" | draft {} of {} accepted", spec.accepted, spec.drafted)
     } else {

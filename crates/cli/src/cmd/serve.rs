@@ -54,8 +54,8 @@ pub struct Args {
     /// Load every -m model at start (/health answers 503 until they are loaded).
     #[arg(long)]
     preload: bool,
-    /// Prompt-lookup speculation for greedy requests: up to N draft tokens per step,
-    /// verified in the same batch (the output is unchanged; 0: off).
+    /// Prompt-lookup speculation: up to N draft tokens per request per step, verified
+    /// in the same batch (the output is unchanged, greedy or sampled; 0: off).
     #[arg(long, default_value_t = 0, value_name = "N")]
     draft_lookup: usize,
     /// Seconds SIGTERM waits for running requests before exiting.

@@ -1,0 +1,163 @@
+//! Where speculation's drafts come from (`--draft-lookup N`, `--draft-model FILE`):
+//! prompt lookup, or a smaller model with the same vocabulary guessing greedily. The
+//! verification, which keeps the output exactly what it is without speculation, is
+//! `generate::Sampling::run`'s.
+
+use crate::generate::{Drafter, PromptLookup, SamplingArgs, prefill};
+use crate::session;
+use anyhow::{Context as _, bail};
+use llamay_engine::sample::argmax;
+use llamay_engine::{
+    BatchToken, Context, ContextParams, KvError, KvPrecision, Model, SeqId, Threads,
+};
+use llamay_gguf::MappedModel;
+use llamay_tokenizer::Tokenizer;
+
+/// `--draft-model`'s file, opened (the model borrows its bytes).
+pub fn open_draft_file(args: &SamplingArgs) -> anyhow::Result<Option<MappedModel>> {
+    args.draft_model
+        .as_deref()
+        .map(|p| MappedModel::open(p).with_context(|| format!("--draft-model {}", p.display())))
+        .transpose()
+}
+
+/// Loads the draft model from its opened file and checks that it shares `target`'s
+/// vocabulary: its guesses are token ids of the target's.
+pub fn load_draft<'a>(
+    file: &'a MappedModel,
+    threads: Threads,
+    target: &Tokenizer,
+) -> anyhow::Result<Model<'a>> {
+    let gguf = file.parse().context("--draft-model")?;
+    let (model, tok) = session::load(file, &gguf, threads).context("--draft-model")?;
+    if let Some(why) = vocabulary_difference(target, &tok) {
+        bail!(
+            "--draft-model: its vocabulary is not the model's ({why}); a draft model must share the vocabulary (or use --draft-lookup N)"
+        );
+    }
+    Ok(model)
+}
+
+/// Where two vocabularies differ, in words; `None` when they are the same.
+fn vocabulary_difference(a: &Tokenizer, b: &Tokenizer) -> Option<String> {
+    if a.kind() != b.kind() {
+        return Some(format!("{:?} against {:?} tokenizer", a.kind(), b.kind()));
+    }
+    if a.n_vocab() != b.n_vocab() {
+        return Some(format!("{} tokens against {}", a.n_vocab(), b.n_vocab()));
+    }
+    if (a.bos(), a.eos()) != (b.bos(), b.eos()) {
+        return Some(format!(
+            "BOS/EOS {:?}/{:?} against {:?}/{:?}",
+            a.bos(),
+            a.eos(),
+            b.bos(),
+            b.eos()
+        ));
+    }
+    (0..a.n_vocab() as u32).find_map(|id| {
+        let (x, y) = (a.token_text(id).ok()?, b.token_text(id).ok()?);
+        (x != y).then(|| {
+            format!(
+                "token {id} is {:?} against {:?}",
+                String::from_utf8_lossy(x),
+                String::from_utf8_lossy(y)
+            )
+        })
+    })
+}
+
+/// How a draft model's context is made.
+#[derive(Clone, Copy)]
+pub struct DraftParams {
+    pub threads: Threads,
+    pub kv: KvPrecision,
+    pub n_ctx: usize,
+    /// Most tokens drafted per step.
+    pub max_draft: usize,
+}
+
+/// The drafter the flags ask for: the draft model when one is loaded, else prompt
+/// lookup (used only when `--draft-lookup` asks for drafts).
+pub fn drafter<'d>(
+    draft: Option<&'d Model<'d>>,
+    tok: &'d Tokenizer,
+    p: DraftParams,
+) -> anyhow::Result<Box<dyn Drafter + 'd>> {
+    Ok(match draft {
+        Some(model) => Box::new(DraftModel::new(model, tok, p)?),
+        None => Box::new(PromptLookup),
+    })
+}
+
+/// A small model guessing the next tokens greedily, in its own context whose cache
+/// follows the target sequence: each call decodes only what the target kept since the
+/// last one.
+pub struct DraftModel<'m> {
+    ctx: Context<'m>,
+    seq: SeqId,
+    tok: &'m Tokenizer,
+}
+
+impl<'m> DraftModel<'m> {
+    pub fn new(model: &'m Model<'m>, tok: &'m Tokenizer, p: DraftParams) -> anyhow::Result<Self> {
+        let mut ctx = model
+            .context(ContextParams::new(p.threads, p.kv, p.n_ctx))
+            .context("--draft-model")?;
+        // The guesses the target rejects are cut from the draft's cache.
+        ctx.kv_mut().keep_for_rollback(p.max_draft);
+        let seq = ctx.new_sequence();
+        Ok(DraftModel { ctx, seq, tok })
+    }
+
+    /// Brings the draft cache to `tokens` minus its last token (kept where it agrees,
+    /// cut where it does not) and returns the logits after all of `tokens`.
+    fn follow(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
+        let held = self.ctx.kv().tokens(self.seq)?;
+        let mut keep = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        keep = keep.min(tokens.len() - 1);
+        if keep < held.len() {
+            match self.ctx.kv_mut().truncate(self.seq, keep) {
+                Ok(()) => {}
+                // A sliding window released the pages the cut would need: start over.
+                Err(KvError::WindowReleased { .. }) => {
+                    self.ctx.kv_mut().free(self.seq)?;
+                    self.seq = self.ctx.new_sequence();
+                    keep = 0;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        prefill(&mut self.ctx, self.seq, &tokens[keep..], keep)
+    }
+}
+
+impl Drafter for DraftModel<'_> {
+    fn draft(&mut self, tokens: &[u32], max: usize) -> anyhow::Result<Vec<u32>> {
+        if tokens.is_empty() || max == 0 {
+            return Ok(Vec::new());
+        }
+        let mut logits = self.follow(tokens)?;
+        let mut out = Vec::with_capacity(max);
+        loop {
+            let t = argmax(&logits);
+            if self.tok.is_eog(t) {
+                break;
+            }
+            out.push(t);
+            if out.len() == max {
+                break;
+            }
+            let pos = tokens.len() + out.len() - 1;
+            let l = self.ctx.decode(&[BatchToken {
+                seq: self.seq,
+                token: t,
+                pos,
+                logits: true,
+            }])?;
+            logits.clear();
+            logits.extend_from_slice(l.row(0));
+        }
+        Ok(out)
+    }
+}
