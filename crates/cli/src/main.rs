@@ -93,6 +93,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Chat with a model through its chat template; the conversation stays in the cache.
     Chat(cmd::chat::Args),
+    /// Sentence embeddings, one JSON vector per text (as llama-embedding).
+    Embed(cmd::embed::Args),
     /// Fetch a model into the local store (registry name, hf.co/owner/repo[:quant],
     /// hf:owner/repo/file.gguf[@rev], or an https URL).
     Pull(cmd::store::PullArgs),
@@ -138,6 +140,7 @@ fn main() -> ExitCode {
         Command::Rm(args) => cmd::store::rm(&args),
         Command::Validate(args) => cmd::validate::run(&args),
         Command::Chat(args) => cmd::chat::run(&args),
+        Command::Embed(args) => cmd::embed::run(&args),
         Command::Serve(args) => cmd::serve::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),

@@ -95,6 +95,18 @@ fn keep_freed_buffers() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn keep_freed_buffers() {}
 
+/// Refuses an embedding model (an encoder) where text is to be generated.
+pub fn require_logits(model: &Model<'_>) -> anyhow::Result<()> {
+    let arch = model.config().arch;
+    if arch.output == llamay_engine::arch::Output::Embeddings {
+        bail!(
+            "{} is an embedding model (an encoder): it computes embeddings, not text; use llamay embed (or serve's /api/embed, /v1/embeddings)",
+            arch.name
+        );
+    }
+    Ok(())
+}
+
 /// Loads the engine model and the tokenizer. The file pages of weights the engine
 /// repacked are released from `mapped`, so they are not resident twice.
 pub fn load<'a>(

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::{llamay, ok_stdout};
+
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -1130,4 +1132,40 @@ fn serve_api_pull_streams_progress_and_the_pulled_model_serves() {
     let _ = ng.kill();
     let _ = ng.wait();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An encoder (all-MiniLM-L6-v2 from scripts/convert-bert) serves embeddings pooled as
+/// its file says, equal to `llamay embed`'s (the server's f16 cache rounds keys and
+/// values: cosine, not bits), and refuses generation by name.
+#[test]
+fn serve_embeds_with_an_encoder_and_refuses_it_text() {
+    let Some(m) =
+        llamay_synth::reference::path("LLAMAY_MINILM", "LLAMAY_MINILM=$(scripts/convert-bert)")
+    else {
+        return;
+    };
+    let s = Serve::start(&["-m", m.to_str().unwrap(), "--alias", "minilm", "-c", "512"]);
+    let texts = ["The cat sat on the mat.", "Embeddings map text to vectors."];
+    let (st, v) = s.post("/api/embed", &json!({"model": "minilm", "input": texts}));
+    assert_eq!(st, 200, "{v}");
+    let got: Vec<Vec<f64>> = serde_json::from_value(v["embeddings"].clone()).unwrap();
+    let mut args = vec!["embed", m.to_str().unwrap(), "--output", "array", "-p"];
+    args.extend(texts);
+    let want: Vec<Vec<f64>> = serde_json::from_str(&ok_stdout(&llamay(&args))).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        let dot: f64 = g.iter().zip(w).map(|(a, b)| a * b).sum();
+        assert!(dot > 0.99999, "cosine {dot}");
+    }
+    let (st, v) = s.post(
+        "/v1/embeddings",
+        &json!({"model": "minilm", "input": texts[0]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["data"][0]["embedding"].as_array().unwrap().len(), 384);
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"model": "minilm", "prompt": "hi", "stream": false}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("embedding model"), "{v}");
 }

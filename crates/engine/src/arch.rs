@@ -81,6 +81,22 @@ pub enum Residual {
     /// Sequential in a layer with `ffn_norm`; in one without, parallel with attention's
     /// norm shared (StableLM 2 12B: llama.cpp decides per layer by the tensor).
     SequentialIfFfnNorm,
+    /// Post-norm (BERT): x = attn_output_norm(x + attn(x)); x = layer_output_norm(x +
+    /// ffn(x)); no norm before either.
+    PostNorm,
+}
+
+/// What a model computes from its last layer's states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// `output_norm`, then logits through `output` (or the tied token embeddings).
+    Logits,
+    /// An encoder (BERT): the hidden states themselves, pooled into embeddings as the
+    /// file's `pooling_type` says. Its input adds token-type embeddings
+    /// (`token_types`, type 0) and a LayerNorm (`token_embd_norm`); attention is
+    /// bidirectional unless the file's `attention.causal` says otherwise; a sequence is
+    /// encoded whole, in one batch; there is no output norm and no output projection.
+    Embeddings,
 }
 
 /// Which norms feed a parallel block's attention and feed-forward network.
@@ -154,6 +170,7 @@ pub struct ArchSpec {
     pub swa_rope_base: bool,
     /// Attention scale is 1/sqrt(key_length) (Gemma: query_pre_attn_scalar).
     pub scale_by_key_length: bool,
+    pub output: Output,
 }
 
 const BASE: ArchSpec = ArchSpec {
@@ -172,6 +189,7 @@ const BASE: ArchSpec = ArchSpec {
     learned_positions: false,
     swa_rope_base: false,
     scale_by_key_length: false,
+    output: Output::Logits,
 };
 
 /// Every architecture this build runs.
@@ -315,6 +333,17 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         ..BASE
     },
     ArchSpec {
+        name: "bert",
+        covers: "BERT sentence embedders (all-MiniLM, BGE, ...); mean, CLS or last-token pooling",
+        norm: NormKind::Layer,
+        rope: RopeStyle::None,
+        ffn: FfnKind::Gelu,
+        residual: Residual::PostNorm,
+        learned_positions: true,
+        output: Output::Embeddings,
+        ..BASE
+    },
+    ArchSpec {
         name: "phi2",
         covers: "Phi-2",
         norm: NormKind::Layer,
@@ -330,10 +359,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     (
         "gpt-oss",
         "not implemented yet: its attention sinks, MXFP4 experts with biases, clipped SwiGLU and alternating sliding-window layers have no path here",
-    ),
-    (
-        "bert",
-        "encoder models (bidirectional attention, post-norm blocks, token-type embeddings) are not implemented yet; `serve`'s embeddings pool decoder models",
     ),
     (
         "azmx-ocr",

@@ -71,34 +71,84 @@ struct Block {
     t0: usize,
     n: usize,
     pos0: usize,
+    /// The end of the positions its last token sees (see [`Slot::end`]).
+    end: usize,
+    /// Every token sees up to `end` (bidirectional attention); else token `i` sees up
+    /// to `pos0 + i + 1` (causal).
+    uniform: bool,
 }
 
 impl Block {
     /// KV positions any of its tokens sees.
     fn range(&self, shape: &Shape) -> (usize, usize) {
-        (first(self.pos0, shape.window), self.pos0 + self.n)
+        (first(self.pos0, shape.window), self.end)
+    }
+
+    /// The end of the positions its token `i` sees.
+    fn end_of(&self, i: usize) -> usize {
+        if self.uniform {
+            self.end
+        } else {
+            self.pos0 + i + 1
+        }
+    }
+
+    /// Takes `bt` as its next token if it continues the block under the same rule.
+    fn extend(&mut self, bt: &Slot, max: usize) -> bool {
+        if bt.seq != self.seq || self.n >= max || self.pos0 + self.n != bt.pos {
+            return false;
+        }
+        let causal_next = bt.end == self.end + 1 && bt.end == bt.pos + 1;
+        let same_end = bt.end == self.end;
+        let ok = match (self.n, self.uniform) {
+            (1, _) => causal_next || same_end,
+            (_, true) => same_end,
+            (_, false) => causal_next,
+        };
+        if ok {
+            self.uniform = same_end;
+            self.end = bt.end;
+            self.n += 1;
+        }
+        ok
     }
 }
 
-/// One batch token as attention sees it: its sequence (an index into the views) and
-/// position.
+/// One batch token as attention sees it: its sequence (an index into the views),
+/// position, and the end of the positions it sees.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Slot {
     pub seq: usize,
     pub pos: usize,
+    /// `pos + 1` under causal attention; under bidirectional attention (an encoder)
+    /// the sequence's length, the same for all its tokens.
+    pub end: usize,
+}
+
+#[cfg(test)]
+impl Slot {
+    /// A token under causal attention.
+    pub fn causal(seq: usize, pos: usize) -> Slot {
+        Slot {
+            seq,
+            pos,
+            end: pos + 1,
+        }
+    }
 }
 
 fn blocks(batch: &[Slot], max: usize) -> Vec<Block> {
     let mut out: Vec<Block> = Vec::new();
     for (t, bt) in batch.iter().enumerate() {
-        match out.last_mut() {
-            Some(b) if b.seq == bt.seq && b.n < max && b.pos0 + b.n == bt.pos => b.n += 1,
-            _ => out.push(Block {
+        if !out.last_mut().is_some_and(|b| b.extend(bt, max)) {
+            out.push(Block {
                 seq: bt.seq,
                 t0: t,
                 n: 1,
                 pos0: bt.pos,
-            }),
+                end: bt.end,
+                uniform: true,
+            });
         }
     }
     out
@@ -354,7 +404,7 @@ fn run_task(
             let pos = block.pos0 + i;
             // Tile-local positions this token sees.
             let lo = first(pos, shape.window).max(range.start).max(ts);
-            let hi = (pos + 1).min(te);
+            let hi = block.end_of(i).min(te);
             let (a, b) = (lo - ts, hi.saturating_sub(ts));
             for r in i * group..(i + 1) * group {
                 let srow: &mut [f32; TILE] = (&mut s[r * TILE..(r + 1) * TILE])
@@ -396,7 +446,7 @@ mod tests {
         let mut out = vec![0f64; batch.len() * nh * hv];
         for (t, bt) in batch.iter().enumerate() {
             let kv = &views[bt.seq];
-            let n = bt.pos + 1;
+            let n = bt.end;
             let (ks, vs) = (shape.n_head_kv * hk, shape.n_head_kv * hv);
             let keys: Vec<Vec<f32>> = (0..n).map(|p| kv.key_row(p)).collect();
             let mut values = vec![0f32; n * vs];
@@ -479,6 +529,7 @@ mod tests {
         prior: usize,
         new: usize,
         precision: KvPrecision,
+        bidirectional: bool,
     ) {
         let shape = Shape {
             n_head: nh,
@@ -518,9 +569,12 @@ mod tests {
             if next[seq] < prior + new {
                 let run = 5.min(prior + new - next[seq]);
                 for _ in 0..run {
+                    let pos = next[seq];
                     batch.push(Slot {
                         seq,
-                        pos: next[seq],
+                        pos,
+                        // An encoder's token sees its whole sequence.
+                        end: if bidirectional { prior + new } else { pos + 1 },
                     });
                     next[seq] += 1;
                 }
@@ -573,20 +627,25 @@ mod tests {
     fn flash_and_split_paths_match_plain_attention() {
         use KvPrecision::{F16, F32, Q8, Vq8};
         // Prefill on an empty cache, GQA 4:1, differing K and V head sizes.
-        case(1, 4, 1, 32, 16, None, None, 0, 40, F32);
+        case(1, 4, 1, 32, 16, None, None, 0, 40, F32, false);
         // Prefill after context, sliding window shorter than the batch, soft-cap.
-        case(2, 8, 2, 16, 16, Some(7), Some(3.0), 30, 23, F32);
-        case(3, 2, 2, 24, 24, Some(50), None, 60, 9, F16);
+        case(2, 8, 2, 16, 16, Some(7), Some(3.0), 30, 23, F32, false);
+        case(3, 2, 2, 24, 24, Some(50), None, 60, 9, F16, false);
         // Decode of one token at long context (the split path), with and without
         // a window, f16 and f32.
-        case(4, 4, 1, 64, 64, None, None, 700, 1, F16);
-        case(5, 4, 1, 64, 64, Some(300), Some(50.0), 700, 1, F32);
-        case(6, 6, 3, 8, 8, None, Some(1.0), 333, 2, F16);
+        case(4, 4, 1, 64, 64, None, None, 700, 1, F16, false);
+        case(5, 4, 1, 64, 64, Some(300), Some(50.0), 700, 1, F32, false);
+        case(6, 6, 3, 8, 8, None, Some(1.0), 333, 2, F16, false);
         // int8 values, and int8 keys with the integer score product: prefill and the
         // split decode path.
-        case(7, 4, 2, 32, 64, Some(20), None, 30, 23, Vq8);
-        case(8, 8, 2, 64, 32, None, Some(30.0), 100, 40, Q8);
-        case(9, 4, 1, 64, 64, Some(300), None, 700, 1, Q8);
+        case(7, 4, 2, 32, 64, Some(20), None, 30, 23, Vq8, false);
+        case(8, 8, 2, 64, 32, None, Some(30.0), 100, 40, Q8, false);
+        case(9, 4, 1, 64, 64, Some(300), None, 700, 1, Q8, false);
+        // Bidirectional (an encoder): every token of a sequence sees all of it,
+        // short and past a segment, f32 and f16.
+        case(10, 4, 4, 32, 32, None, None, 0, 40, F32, true);
+        case(11, 8, 2, 16, 16, None, Some(5.0), 0, 600, F16, true);
+        case(12, 2, 1, 64, 64, None, None, 0, 3, F32, true);
     }
 
     #[test]
@@ -601,7 +660,7 @@ mod tests {
             window: None,
         };
         let at = |pos: usize, n: usize| {
-            let batch: Vec<Slot> = (pos..pos + n).map(|pos| Slot { seq: 0, pos }).collect();
+            let batch: Vec<Slot> = (pos..pos + n).map(|pos| Slot::causal(0, pos)).collect();
             blocks(&batch, TUNING.block)
         };
         let local = Shape {
@@ -755,7 +814,7 @@ mod tests {
                     window,
                 };
                 let batch: Vec<Slot> = (depth..depth + len)
-                    .map(|pos| Slot { seq: 0, pos })
+                    .map(|pos| Slot::causal(0, pos))
                     .collect();
                 let q: Vec<f32> = (0..len * nh * hd).map(|_| rng.f()).collect();
                 let new = best(

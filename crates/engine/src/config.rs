@@ -3,7 +3,7 @@
 //! module is where it does.
 
 use crate::LoadError;
-use crate::arch::{ArchSpec, Experts, MoeSpec, NormKind, SwaPattern};
+use crate::arch::{ArchSpec, Experts, MoeSpec, NormKind, Output, SwaPattern};
 use crate::rope::{RopeParams, RopeScaling};
 use llamay_gguf::{Metadata, Model as Gguf, Value};
 
@@ -42,6 +42,82 @@ pub struct Config {
     pub final_softcap: Option<f32>,
     /// The mixture of experts, when the FFN is one.
     pub moe: Option<MoeConfig>,
+    /// Whether a token sees only the positions up to its own (`attention.causal`,
+    /// default: true for a model with logits, false for an encoder).
+    pub causal: bool,
+    /// How an encoder's token states become one embedding (`pooling_type`).
+    pub pooling: Pooling,
+}
+
+/// How a sequence's final hidden states become one embedding (llama.cpp's
+/// `llama_pooling_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The average over the sequence's tokens.
+    Mean,
+    /// The first token's state ([CLS]).
+    Cls,
+    /// The last token's state.
+    Last,
+}
+
+impl Pooling {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+        }
+    }
+
+    /// `--pooling` / a file's name for it.
+    pub fn parse(name: &str) -> Option<Pooling> {
+        match name {
+            "mean" => Some(Pooling::Mean),
+            "cls" => Some(Pooling::Cls),
+            "last" => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+
+    /// Pools `rows` (a sequence's states, `n_embd` each, in order) into `out`.
+    pub fn apply(self, rows: &[f32], n_embd: usize, out: &mut Vec<f32>) {
+        out.clear();
+        let n = rows.len() / n_embd.max(1);
+        if n == 0 {
+            out.resize(n_embd, 0.0);
+            return;
+        }
+        match self {
+            Pooling::Cls => out.extend_from_slice(&rows[..n_embd]),
+            Pooling::Last => out.extend_from_slice(&rows[(n - 1) * n_embd..n * n_embd]),
+            Pooling::Mean => {
+                out.resize(n_embd, 0.0);
+                for row in rows.chunks_exact(n_embd) {
+                    out.iter_mut().zip(row).for_each(|(o, v)| *o += v);
+                }
+                let inv = 1.0 / n as f32;
+                out.iter_mut().for_each(|o| *o *= inv);
+            }
+        }
+    }
+}
+
+/// `pooling_type`'s values (llama.cpp's enum), for an encoder.
+fn pooling_of(arch: &ArchSpec, key: &str, v: Option<usize>) -> Result<Pooling, LoadError> {
+    match v {
+        // Absent, or "none" (per-token states): mean, as an embedder is used.
+        None | Some(0) | Some(1) => Ok(Pooling::Mean),
+        Some(2) => Ok(Pooling::Cls),
+        Some(3) => Ok(Pooling::Last),
+        Some(4) => Err(LoadError::Unsupported(format!(
+            "'{key}' is 4 (rank): a {} cross-encoder's classification head (rerank) is not implemented; embedding models (mean, cls or last pooling) run",
+            arch.name
+        ))),
+        Some(n) => Err(LoadError::Metadata(format!(
+            "'{key}' is {n}; llama.cpp's pooling types are 0 (none) to 4 (rank)"
+        ))),
+    }
 }
 
 /// A mixture of experts' shape: the row's rules with the file's counts.
@@ -352,6 +428,20 @@ impl Config {
         }
         let n_vocab = n_vocab as usize;
         let moe = MoeConfig::from_keys(arch, &k, n_ff)?;
+        let encoder = arch.output == Output::Embeddings;
+        let causal = match md.get(&k.key("attention.causal")) {
+            Some(v) => v.as_bool().ok_or_else(|| {
+                LoadError::Metadata(format!("'{}' is not a bool", k.key("attention.causal")))
+            })?,
+            None => !encoder,
+        };
+        if !causal && !encoder {
+            return Err(LoadError::Unsupported(format!(
+                "'{}' is false: bidirectional attention in a model with logits is not implemented (encoders run)",
+                k.key("attention.causal")
+            )));
+        }
+        let pooling = pooling_of(arch, &k.key("pooling_type"), k.count("pooling_type")?)?;
         Ok(Config {
             arch,
             n_vocab,
@@ -375,6 +465,8 @@ impl Config {
             attn_softcap,
             final_softcap,
             moe,
+            causal,
+            pooling,
         })
     }
 

@@ -1,7 +1,7 @@
 //! The one generic transformer block, driven by the architecture row, and the
 //! batch-shaped decode: tokens of several sequences in one call.
 
-use crate::arch::{FfnKind, NormKind, RopeStyle};
+use crate::arch::{FfnKind, NormKind, Output, RopeStyle};
 use crate::attention::{self, Shape, Slot};
 use crate::batch::{BatchToken, Hidden, Logits};
 use crate::context::Context;
@@ -233,6 +233,11 @@ impl Context<'_> {
             return Err(DecodeError::EmptyBatch);
         }
         let n_ctx = self.kv.n_ctx();
+        if head == Head::Logits && cfg.arch.output == Output::Embeddings {
+            return Err(DecodeError::EncoderHasNoLogits {
+                arch: cfg.arch.name,
+            });
+        }
         // Validate before touching anything: ids, sequences, positions in order.
         let mut next: BTreeMap<SeqId, usize> = BTreeMap::new();
         for bt in batch {
@@ -241,6 +246,13 @@ impl Context<'_> {
                 std::collections::btree_map::Entry::Vacant(e) => {
                     let len = (self.kv.len(bt.seq))
                         .map_err(|_| DecodeError::UnknownSequence { seq: bt.seq })?;
+                    if !cfg.causal && len != 0 {
+                        return Err(DecodeError::EncoderNeedsWholeSequence {
+                            seq: bt.seq,
+                            pos: len,
+                            arch: cfg.arch.name,
+                        });
+                    }
                     e.insert(len)
                 }
             };
@@ -288,6 +300,9 @@ impl Context<'_> {
                     .binary_search(&b.seq)
                     .expect("every batch sequence is in seqs"),
                 pos: b.pos,
+                // An encoder's token sees its whole sequence (all of it is in this
+                // batch: checked above).
+                end: if cfg.causal { b.pos + 1 } else { next[&b.seq] },
             })
             .collect();
 
@@ -303,10 +318,19 @@ impl Context<'_> {
                 let s = (e as f32).sqrt();
                 row.iter_mut().for_each(|v| *v *= s);
             }
+            // llama.cpp's order: token, then type (an encoder's; every token is type
+            // 0), then position.
+            if let Some(tt) = &model.weights.token_types {
+                tt.dequant_row(0, &mut tmp);
+                row.iter_mut().zip(&tmp).for_each(|(v, p)| *v += p);
+            }
             if let Some(pe) = &model.weights.position_embd {
                 pe.dequant_row(bt.pos, &mut tmp);
                 row.iter_mut().zip(&tmp).for_each(|(v, p)| *v += p);
             }
+        }
+        if let Some(n) = &model.weights.embd_norm {
+            apply_norm(&mut x, n, arch.norm, cfg.norm_eps, e, threads);
         }
 
         let (qd, kd, vd) = (cfg.q_dim(), cfg.k_dim(), cfg.v_dim());
@@ -335,7 +359,7 @@ impl Context<'_> {
             norm_into(
                 &x,
                 &mut s.h,
-                Some(&layer.attn_norm),
+                layer.attn_norm.as_ref(),
                 arch.norm,
                 cfg.norm_eps,
                 e,
@@ -389,23 +413,33 @@ impl Context<'_> {
 
             // A sequential block's FFN reads x + attn; a parallel one's reads x, and both
             // outputs join x together (llama.cpp's order of the adds).
-            let sequential = matches!(layer.ffn_input, FfnInput::AfterAttention(_));
+            let (kind, eps) = (arch.norm, cfg.norm_eps);
+            let sequential = matches!(
+                layer.ffn_input,
+                FfnInput::AfterAttention(_) | FfnInput::PostNorm { .. }
+            );
             if sequential {
                 add_into(&mut x, &s.o, None, threads);
             }
             let h = match &layer.ffn_input {
                 FfnInput::AfterAttention(norm) | FfnInput::Parallel(norm) => {
-                    let (kind, eps) = (arch.norm, cfg.norm_eps);
                     norm_into(&x, &mut s.h2, Some(norm), kind, eps, e, threads);
                     &s.h2
                 }
                 FfnInput::ParallelShared => &s.h,
+                FfnInput::PostNorm { attn_out, .. } => {
+                    apply_norm(&mut x, attn_out, kind, eps, e, threads);
+                    &x
+                }
             };
             model.ffn(threads, layer, h, &mut s.ffn, &mut s.act);
             if sequential {
                 add_into(&mut x, s.ffn.output(), None, threads);
             } else {
                 add_into(&mut x, &s.o, Some(s.ffn.output()), threads);
+            }
+            if let FfnInput::PostNorm { out, .. } = &layer.ffn_input {
+                apply_norm(&mut x, out, kind, eps, e, threads);
             }
         }
         for &q in &seqs {
@@ -425,14 +459,9 @@ impl Context<'_> {
         for &i in &index {
             h.extend_from_slice(&x[i * e..(i + 1) * e]);
         }
-        apply_norm(
-            &mut h,
-            &model.weights.output_norm,
-            arch.norm,
-            cfg.norm_eps,
-            e,
-            threads,
-        );
+        if let Some(n) = &model.weights.output_norm {
+            apply_norm(&mut h, n, arch.norm, cfg.norm_eps, e, threads);
+        }
         if head == Head::Hidden {
             return Ok((index, h));
         }

@@ -11,6 +11,7 @@ mod attention;
 mod batch;
 pub mod config;
 mod context;
+pub mod embed;
 mod forward;
 pub mod grammar;
 pub mod kv;
@@ -27,7 +28,7 @@ pub use forward::fault;
 
 pub use arch::{ARCHITECTURES, ArchSpec};
 pub use batch::{BatchToken, Hidden, Logits};
-pub use config::Config;
+pub use config::{Config, Pooling};
 pub use context::{Context, ContextError, ContextParams};
 pub use kv::{KvError, KvPool, KvPrecision, KvUsage, PAGE, SeqId};
 pub use snapshot::SnapshotError;
@@ -99,6 +100,16 @@ pub enum DecodeError {
         free: usize,
         budget: usize,
     },
+    #[error(
+        "sequence {seq}: an encoder ({arch}) reads a sequence whole, in one batch from position 0 (this one starts at {pos})"
+    )]
+    EncoderNeedsWholeSequence {
+        seq: SeqId,
+        pos: usize,
+        arch: &'static str,
+    },
+    #[error("{arch} is an encoder: it computes embeddings, not next-token logits")]
+    EncoderHasNoLogits { arch: &'static str },
 }
 
 /// A loaded model: its config and weights, read-only after load, borrowing the file's

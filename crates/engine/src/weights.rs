@@ -3,7 +3,7 @@
 //! load fails naming it; every shape is checked against the config.
 
 use crate::LoadError;
-use crate::arch::{FfnKind, NormKind, ParallelNorms, QkNorm, QkvLayout, Residual};
+use crate::arch::{FfnKind, NormKind, Output, ParallelNorms, QkNorm, QkvLayout, Residual};
 use crate::config::{Config, MoeConfig};
 use crate::rope::RopeFactors;
 use crate::tensor::{Matrix, vector};
@@ -36,8 +36,9 @@ impl<'a> Linear<'a> {
 
 #[derive(Clone, Debug)]
 pub struct Layer<'a> {
-    /// The norm attention reads through (Falcon 40B's `attn_norm_2`).
-    pub attn_norm: Norm,
+    /// The norm attention reads through (Falcon 40B's `attn_norm_2`); none in a
+    /// post-norm block.
+    pub attn_norm: Option<Norm>,
     pub q: Linear<'a>,
     pub k: Linear<'a>,
     pub v: Linear<'a>,
@@ -69,6 +70,9 @@ pub enum FfnInput {
     Parallel(Norm),
     /// Attention's own normalised input (Phi-2, Falcon 7B, StableLM 2 12B).
     ParallelShared,
+    /// A post-norm block (BERT): `x = attn(x) + x` normalised by `attn_out`, read as
+    /// it is; the network's output joins it and `out` normalises the sum.
+    PostNorm { attn_out: Norm, out: Norm },
 }
 
 /// A dense feed-forward network: down(act(gate x) * up x), or down(act(up x)) without
@@ -155,7 +159,13 @@ impl<'a> Ffn<'a> {
 pub struct Weights<'a> {
     pub token_embd: Matrix<'a>,
     pub position_embd: Option<Matrix<'a>>,
-    pub output_norm: Norm,
+    /// An encoder's token-type embeddings (`token_types`: one row per type; every
+    /// token is type 0 here, as llama.cpp feeds them) and the LayerNorm after the
+    /// input sum (`token_embd_norm`).
+    pub token_types: Option<Matrix<'a>>,
+    pub embd_norm: Option<Norm>,
+    /// None for an encoder (its states are the product).
+    pub output_norm: Option<Norm>,
     /// The output projection: `output.weight`, or the token embeddings when tied.
     pub output: Linear<'a>,
     pub rope_factors: RopeFactors,
@@ -462,8 +472,33 @@ impl<'a> Weights<'a> {
         } else {
             None
         };
-        let output_norm = b.norm("output_norm", arch.norm, e)?;
-        let output = match b.get("output.weight").cloned() {
+        let encoder = arch.output == Output::Embeddings;
+        let (token_types, embd_norm) = if encoder {
+            // Optional, as llama.cpp's loader has it (its converter always writes it).
+            let n_types = (b.gguf.tensor("token_types.weight"))
+                .map(|t| (t.n_elements / (e as u64).max(1)).max(1) as usize);
+            (
+                n_types
+                    .map(|n| b.matrix("token_types.weight", e, n))
+                    .transpose()?,
+                Some(b.norm("token_embd_norm", arch.norm, e)?),
+            )
+        } else {
+            (None, None)
+        };
+        let output_norm = if encoder {
+            None
+        } else {
+            Some(b.norm("output_norm", arch.norm, e)?)
+        };
+        // An encoder has no output projection: the tied embeddings stand in (never
+        // read; `Context::decode` refuses it).
+        let untied = if encoder {
+            None
+        } else {
+            b.get("output.weight").cloned()
+        };
+        let output = match untied {
             Some(t) => Linear::new(
                 Matrix::from_tensor(&t, e, cfg.n_vocab)?,
                 b.opt_vector("output.bias", cfg.n_vocab)?,
@@ -476,7 +511,10 @@ impl<'a> Weights<'a> {
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
             let p = |s: &str| format!("blk.{il}.{s}");
-            let attn_norm = b.norm(&p("attn_norm"), arch.norm, e)?;
+            let attn_norm = match arch.residual {
+                Residual::PostNorm => None,
+                _ => Some(b.norm(&p("attn_norm"), arch.norm, e)?),
+            };
             let (q, k, v) = b.qkv(il, arch.qkv, e, [qd, kd, vd])?;
             let (q_norm, k_norm) = b.qk_norms(il, arch.qk_norm, cfg)?;
             let attn_out = b.linear(&p("attn_output"), cfg.n_head * cfg.head_dim_v, e)?;
@@ -500,10 +538,15 @@ impl<'a> Weights<'a> {
                     (attn_norm, FfnInput::Parallel(n))
                 }
                 Residual::Parallel(ParallelNorms::SharedUnlessAttnNorm2) => {
-                    match b.opt_norm(&p("attn_norm_2"), arch.norm, e)? {
-                        Some(n2) => (n2, FfnInput::Parallel(attn_norm)),
-                        None => (attn_norm, FfnInput::ParallelShared),
+                    match (b.opt_norm(&p("attn_norm_2"), arch.norm, e)?, attn_norm) {
+                        (Some(n2), Some(n)) => (Some(n2), FfnInput::Parallel(n)),
+                        (_, n) => (n, FfnInput::ParallelShared),
                     }
+                }
+                Residual::PostNorm => {
+                    let attn_out = b.norm(&p("attn_output_norm"), arch.norm, e)?;
+                    let out = b.norm(&p("layer_output_norm"), arch.norm, e)?;
+                    (attn_norm, FfnInput::PostNorm { attn_out, out })
                 }
             };
             let ffn = match &cfg.moe {
@@ -544,6 +587,8 @@ impl<'a> Weights<'a> {
         Ok(Weights {
             token_embd,
             position_embd,
+            token_types,
+            embd_norm,
             output_norm,
             output,
             rope_factors,

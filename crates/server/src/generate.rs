@@ -58,6 +58,11 @@ pub fn chat_prompt(
 
 /// Checks and queues `g` on `model`: the events of its answer.
 pub fn submit(model: &Loaded, g: Generation) -> Result<UnboundedReceiver<Event>, ApiError> {
+    if let Some(arch) = model.scheduler.encoder() {
+        return Err(ApiError::bad(format!(
+            "this model ({arch}) is an embedding model: it computes embeddings (/api/embed, /v1/embeddings), not text"
+        )));
+    }
     let server_ctx = model.scheduler.config().n_ctx;
     let n_ctx = match g.n_ctx {
         Some(n) if n > server_ctx => {

@@ -16,6 +16,7 @@
 //! batched with any others, prefilled in other chunks, or started from a cached prefix.
 
 use crate::stop::StopMatcher;
+use llamay_engine::arch::Output;
 use llamay_engine::grammar::{Constraint, Rules, TokenTrie};
 use llamay_engine::sample::{Sampler, SamplerParams, lookup_draft};
 use llamay_engine::{
@@ -59,7 +60,8 @@ pub struct Job {
 }
 
 /// A request for embeddings: each input's final hidden states, mean-pooled (as
-/// llama.cpp's `--pooling mean`), in input order.
+/// llama.cpp's `--pooling mean`) for a decoder, pooled as its file says for an encoder
+/// (BERT), in input order.
 pub struct EmbedJob {
     /// Each input's tokens, BOS included; each at least one token, within the context.
     pub inputs: Vec<Vec<u32>>,
@@ -178,6 +180,8 @@ pub struct Scheduler {
     jobs: Mutex<mpsc::Sender<Work>>,
     pub gauges: Arc<Gauges>,
     config: EngineConfig,
+    /// The model is an encoder (embeddings only), by this architecture name.
+    encoder: Option<&'static str>,
 }
 
 impl Scheduler {
@@ -188,6 +192,8 @@ impl Scheduler {
         config: EngineConfig,
     ) -> Result<Scheduler, String> {
         let n_ctx = config.n_ctx;
+        let arch = model.config().arch;
+        let encoder = (arch.output == Output::Embeddings).then_some(arch.name);
         // Made here so that a bad configuration is an error now, not a dead thread.
         let probe = model
             .context(ContextParams::new(Threads(1), config.kv, n_ctx))
@@ -216,11 +222,17 @@ impl Scheduler {
             jobs: Mutex::new(tx),
             gauges,
             config,
+            encoder,
         })
     }
 
     pub fn config(&self) -> EngineConfig {
         self.config
+    }
+
+    /// `Some(architecture)` when the model computes embeddings only (an encoder).
+    pub fn encoder(&self) -> Option<&'static str> {
+        self.encoder
     }
 
     /// Queues a job unless `parallel + queue` requests are already in flight.
@@ -413,6 +425,27 @@ impl<'m, 't> Engine<'m, 't> {
             );
             let _ = e.job.reply.send(Err(why));
             self.finish_job();
+            return;
+        }
+        let cfg = self.ctx.model().config();
+        if cfg.arch.output == Output::Embeddings {
+            // An encoder reads each input whole and pools it as its file says.
+            match self.ctx.embed(&[tokens], cfg.pooling) {
+                Ok(mut v) => e.out.append(&mut v),
+                Err(err) => {
+                    let why = format!("embedding input {}: {err}", e.input);
+                    let _ = e.job.reply.send(Err(why));
+                    self.finish_job();
+                    return;
+                }
+            }
+            e.input += 1;
+            if e.input == e.job.inputs.len() {
+                let _ = e.job.reply.send(Ok(std::mem::take(&mut e.out)));
+                self.finish_job();
+            } else {
+                self.embeds.push_front(e);
+            }
             return;
         }
         let seq = *e.seq.get_or_insert_with(|| self.ctx.new_sequence());

@@ -16,8 +16,8 @@ pub mod reference;
 pub use hostile::{HostileModel, Outcome, exercise, hostile};
 
 use llamay_engine::arch::{
-    ArchSpec, Experts, FfnKind, MoeSpec, NormKind, ParallelNorms, QkNorm, QkvLayout, Residual,
-    RopeStyle, SwaPattern,
+    ArchSpec, Experts, FfnKind, MoeSpec, NormKind, Output, ParallelNorms, QkNorm, QkvLayout,
+    Residual, RopeStyle, SwaPattern,
 };
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufWriter, Value, WriteError};
@@ -350,8 +350,14 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
     if arch.learned_positions {
         add("position_embd.weight".into(), vec![e, d.n_ctx], false);
     }
-    norm(&mut add, "output_norm");
-    if opt {
+    let encoder = arch.output == Output::Embeddings;
+    if encoder {
+        add("token_types.weight".into(), vec![e, 2], true);
+        norm(&mut add, "token_embd_norm");
+    } else {
+        norm(&mut add, "output_norm");
+    }
+    if opt && !encoder {
         // Untied output: optional itself (the embedding is used without it).
         add("output.weight".into(), vec![e, d.n_vocab], true);
         add("output.bias".into(), vec![d.n_vocab], true);
@@ -368,7 +374,9 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
     let (qd, kvd) = (d.n_head * d.head_dim, d.n_head_kv * d.head_dim);
     for il in 0..d.n_layer {
         let p = |s: &str| format!("blk.{il}.{s}");
-        norm(&mut add, &p("attn_norm"));
+        if arch.residual != Residual::PostNorm {
+            norm(&mut add, &p("attn_norm"));
+        }
         match arch.qkv {
             QkvLayout::FusedOrSeparate => {
                 linear(&mut add, &p("attn_q"), e, qd);
@@ -406,6 +414,10 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
                 optional_norm(&mut add, &p("attn_norm_2"));
             }
             Residual::Parallel(ParallelNorms::Shared) => {}
+            Residual::PostNorm => {
+                norm(&mut add, &p("attn_output_norm"));
+                norm(&mut add, &p("layer_output_norm"));
+            }
         }
         match (mixture(arch), arch.ffn) {
             (Some(m), _) => {

@@ -406,6 +406,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
+    session::require_logits(&model)?;
     let format = chat_format::require(args.chat_template.as_deref(), gguf.metadata(), &tok)?;
     let grammar = rules.map(|r| Bound::new(r, &tok)).transpose()?;
     let n_ctx = session::context(args.ctx_size, &model)?;

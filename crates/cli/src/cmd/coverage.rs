@@ -105,6 +105,7 @@ fn render() -> anyhow::Result<String> {
                 "parallel, shared norm (attention's own with attn_norm_2)"
             }
             Residual::SequentialIfFfnNorm => "sequential (parallel, shared norm, without ffn_norm)",
+            Residual::PostNorm => "post-norm (encoder: bidirectional, pooled embeddings)",
         };
         let swa = match a.swa {
             SwaPattern::None => "-".to_string(),

@@ -2,6 +2,7 @@ pub mod bench;
 pub mod chat;
 pub mod coverage;
 pub mod dump;
+pub mod embed;
 pub mod info;
 pub mod perplexity;
 pub mod quantize;

@@ -74,6 +74,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mapped = MappedModel::open(path)?;
     let gguf = mapped.parse()?;
     let (model, tok) = session::load(&mapped, &gguf, threads)?;
+    session::require_logits(&model)?;
     let n_ctx = session::context(args.ctx_size, &model)?;
     let bound = rules.map(|r| Bound::new(r, &tok)).transpose()?;
     let format = if args.raw {

@@ -1,0 +1,155 @@
+//! `llamay embed` (issue 16, bert): all-MiniLM-L6-v2, converted by scripts/convert-bert
+//! from its PyPI package, gives llama.cpp's embeddings (llama-embedding b11434 on the
+//! same file, committed by scripts/check-embed --fixture); texts batched together get
+//! the bits each gets alone; what an encoder cannot do is refused by name.
+
+mod common;
+
+use common::{llamay, ok_stdout};
+use std::path::{Path, PathBuf};
+
+fn minilm() -> Option<PathBuf> {
+    llamay_synth::reference::path("LLAMAY_MINILM", "LLAMAY_MINILM=$(scripts/convert-bert)")
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/embed")
+        .join(name)
+}
+
+fn vectors(args: &[&str]) -> Vec<Vec<f64>> {
+    serde_json::from_str(&ok_stdout(&llamay(args))).expect("a JSON array of vectors")
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let n = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (n(a) * n(b))
+}
+
+#[test]
+fn minilm_embeddings_are_llama_embeddings() {
+    let Some(m) = minilm() else { return };
+    let m = m.to_str().unwrap();
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(data("minilm-llama-embedding.json")).unwrap(),
+    )
+    .unwrap();
+    let want: Vec<Vec<f64>> = serde_json::from_value(want["embeddings"].clone()).unwrap();
+    let sentences = data("sentences.txt");
+    let got = vectors(&[
+        "embed",
+        m,
+        "-f",
+        sentences.to_str().unwrap(),
+        "--output",
+        "array",
+    ]);
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.len(), 384);
+        let c = cosine(g, w);
+        assert!(
+            c >= 0.99999,
+            "sentence {i}: cosine {c} to llama-embedding's"
+        );
+        let norm: f64 = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "sentence {i}: |v| = {norm}");
+    }
+    // The json form carries the same vectors, in order.
+    let o = ok_stdout(&llamay(&["embed", m, "-p", "first text", "second one"]));
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][1]["index"], 1);
+    assert_eq!(v["data"][1]["embedding"].as_array().unwrap().len(), 384);
+}
+
+#[test]
+fn a_text_batched_with_others_gets_the_bits_it_gets_alone() {
+    let Some(m) = minilm() else { return };
+    let m = m.to_str().unwrap();
+    let alone = vectors(&[
+        "embed",
+        m,
+        "-p",
+        "The cat sat on the mat.",
+        "--output",
+        "array",
+        "--normalize",
+        "-1",
+    ]);
+    let together = vectors(&[
+        "embed",
+        m,
+        "-p",
+        "A much longer first sentence, so that the batch holds sequences of different lengths.",
+        "The cat sat on the mat.",
+        "Short.",
+        "--output",
+        "array",
+        "--normalize",
+        "-1",
+    ]);
+    assert_eq!(alone[0], together[1]);
+    // Pooling and normalisation are what they say.
+    let cls = vectors(&[
+        "embed",
+        m,
+        "-p",
+        "The cat sat on the mat.",
+        "--output",
+        "array",
+        "--pooling",
+        "cls",
+    ]);
+    let last = vectors(&[
+        "embed",
+        m,
+        "-p",
+        "The cat sat on the mat.",
+        "--output",
+        "array",
+        "--pooling",
+        "last",
+    ]);
+    assert!(cls[0] != last[0] && cls[0] != alone[0]);
+    let taxicab = vectors(&[
+        "embed",
+        m,
+        "-p",
+        "The cat sat on the mat.",
+        "--output",
+        "array",
+        "--normalize",
+        "1",
+    ]);
+    let l1: f64 = taxicab[0].iter().map(|x| x.abs()).sum();
+    assert!((l1 - 1.0).abs() < 1e-4, "taxicab norm {l1}");
+    let scaled: Vec<f64> = alone[0].iter().map(|x| x / l1_of(&alone[0])).collect();
+    assert!(cosine(&scaled, &taxicab[0]) > 0.999_999);
+}
+
+fn l1_of(v: &[f64]) -> f64 {
+    v.iter().map(|x| x.abs()).sum()
+}
+
+#[test]
+fn what_an_encoder_cannot_do_is_refused_by_name() {
+    let Some(m) = minilm() else { return };
+    let m = m.to_str().unwrap();
+    let o = llamay(&["run", m, "-p", "hello", "-n", "4"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("encoder") && err.contains("embeddings"),
+        "{err}"
+    );
+    let long = "word ".repeat(600);
+    let o = llamay(&["embed", m, "-p", &long]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not fit the context of 512"), "{err}");
+    let o = llamay(&["embed", m, "-p", "x", "--pooling", "max"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--pooling max"));
+}
