@@ -172,6 +172,27 @@ pub(crate) fn kernel(set: KernelSet, wty: GgmlType) -> Option<Kernel> {
     })
 }
 
+/// How `matmul` runs F16 weights under `set` (capped to this machine) on x86: every x86
+/// set has AVX2, FMA and F16C for the 8-lane tiled kernel; the AVX-512 sets run their
+/// 16-lane one (their `dot_f16` is its 1 × 1 case).
+pub(crate) fn f16_tiles(set: KernelSet) -> Option<F16Tiles> {
+    let set = cap_to_hardware(set);
+    if !cfg!(target_arch = "x86_64") || arch_of(set) != arch_of(KernelSet::Avx2) {
+        return None;
+    }
+    Some(match set {
+        KernelSet::Avx512Vnni | KernelSet::Avx512Amx => F16Tiles::Wide,
+        _ => F16Tiles::Avx2,
+    })
+}
+
+/// The x86 F16 tile widths (see `f16_tiles`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum F16Tiles {
+    Avx2,
+    Wide,
+}
+
 /// Whether `set` has its own (non-portable) kernel for `wty` on this machine.
 pub(crate) fn has_simd(set: KernelSet, wty: GgmlType) -> bool {
     simd_fn(cap_to_hardware(set), wty).is_some()

@@ -348,6 +348,12 @@ const GEMV_CHUNK: usize = 16;
 /// Activation rows per tile in prefill, so the tile's rows stay in L2.
 const TOKEN_TILE: usize = 32;
 
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// `matmul_with`'s F16 activations in f32, kept by each calling thread.
+    static F16_ACTIVATIONS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// `matmul` on a chosen kernel set (capped to what the CPU has) — for tests and benches.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_with(
@@ -395,10 +401,58 @@ pub fn matmul_with(
     let tiles = n.div_ceil(TOKEN_TILE);
     let n_tasks = row_chunks * tiles;
     let optr = SyncPtr(out.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    let f16_tiles = (wty == GgmlType::F16)
+        .then(|| dispatch::f16_tiles(set))
+        .flatten();
+    // F16 tiles read the activations in f32: converted once here (exactly), into a
+    // buffer the calling thread keeps from call to call.
+    #[cfg(target_arch = "x86_64")]
+    let f16_act = f16_tiles.map(|_| {
+        let mut af = F16_ACTIVATIONS.with(|c| c.take());
+        if af.len() < n * cols {
+            af.resize(n * cols, 0.0);
+        }
+        const ROWS: usize = 16;
+        pool.for_each_chunk_mut(&mut af[..n * cols], ROWS * cols, |c, rows| {
+            for (i, row) in rows.chunks_exact_mut(cols).enumerate() {
+                let t = c * ROWS + i;
+                // SAFETY: `f16_tiles` found F16C on this CPU; row t < n of `a` holds
+                // 2 * cols bytes (arb, checked above) and `row` cols values.
+                unsafe { x86::avx2::f16_to_f32(&a.data[t * arb..t * arb + 2 * cols], row) };
+            }
+        });
+        af
+    });
     let task = |i: usize| {
         let (rc, tile) = (i % row_chunks, i / row_chunks);
         let (r0, r1) = (rc * chunk, ((rc + 1) * chunk).min(rows));
         let (t0, t1) = (tile * TOKEN_TILE, ((tile + 1) * TOKEN_TILE).min(n));
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(tiles), Some(af)) = (f16_tiles, f16_act.as_deref()) {
+            let run = match tiles {
+                dispatch::F16Tiles::Avx2 => x86::avx2::matmul_f16,
+                dispatch::F16Tiles::Wide => x86::avx512::matmul_f16,
+            };
+            // SAFETY: `f16_tiles` found AVX2+FMA+F16C on this CPU (and the AVX-512 VNNI
+            // set for `Wide`); `af` holds n rows of cols values (converted below), `w`
+            // rows × wrb bytes with wrb = 2 * cols; the outputs (t, r) for t in t0..t1,
+            // r in r0..r1 are this task's, disjoint from every other task's, and
+            // t * rows + r < n * rows = out.len().
+            unsafe {
+                run(
+                    &w[r0 * wrb..r1 * wrb],
+                    wrb,
+                    r1 - r0,
+                    &af[t0 * cols..t1 * cols],
+                    cols,
+                    t1 - t0,
+                    optr.get().add(t0 * rows + r0),
+                    rows,
+                );
+            }
+            return;
+        }
         for r in r0..r1 {
             let wr = &w[r * wrb..(r + 1) * wrb];
             for t in t0..t1 {
@@ -413,5 +467,9 @@ pub fn matmul_with(
         (0..n_tasks).for_each(task);
     } else {
         pool.run(n_tasks, task);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(af) = f16_act {
+        F16_ACTIVATIONS.with(|c| c.replace(af));
     }
 }

@@ -277,6 +277,46 @@ fn matmul_equals_naive_loop() {
     }
 }
 
+/// F16 weights run through register tiles of rows × tokens (x86): every (row, token)
+/// dot gives the bits `vec_dot` gives it alone, whatever tile or task it falls in —
+/// rows, tokens and columns off the tile and vector widths included.
+#[test]
+fn f16_tiles_equal_single_dots_with_tails() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(16);
+    for (rows, n, cols) in [
+        (7usize, 3usize, 13usize),
+        (33, 1, 384),
+        (18, 37, 100),
+        (5, 2, 7),
+    ] {
+        let w: Vec<u8> = (0..rows)
+            .flat_map(|_| random_row(F16, cols, &mut rng))
+            .collect();
+        let a = quantize_rows(F16, &random_f32(n * cols, &mut rng), cols, &pool);
+        for set in KernelSet::available() {
+            let mut out = vec![f32::NAN; rows * n];
+            matmul_with(set, F16, &w, rows, cols, &a, &mut out, &pool);
+            for t in 0..n {
+                for r in 0..rows {
+                    let want = vec_dot_with(
+                        set,
+                        F16,
+                        &w[r * 2 * cols..(r + 1) * 2 * cols],
+                        a.row(t),
+                        cols,
+                    );
+                    assert_eq!(
+                        out[t * rows + r].to_bits(),
+                        want.to_bits(),
+                        "{set:?} {rows}x{cols} n={n} r={r} t={t}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn kvalue_tables_match_formats() {
     // IQ4_NL block with d = 1 and nibbles 0..15 / 15..0.

@@ -122,32 +122,167 @@ pub(crate) unsafe fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 /// # Safety
 /// avx2+fma+f16c; `w`, `a` hold `n` f16.
+///
+/// The 1 × 1 case of [`matmul_f16`]'s arithmetic (one 8-lane accumulator over steps of
+/// 8, `hsum_f32`, then the scalar tail), so a dot gives the same bits alone or in a tile.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (x, y) = (w.as_ptr(), a.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc = _mm256_setzero_ps();
     let mut i = 0;
     // SAFETY: every read is below n elements.
     unsafe {
         let ld = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-        while i + 32 <= n {
-            for (k, a) in acc.iter_mut().enumerate() {
-                let p = 2 * (i + 8 * k);
-                *a = _mm256_fmadd_ps(ld(x.add(p)), ld(y.add(p)), *a);
-            }
-            i += 32;
-        }
         while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(ld(x.add(2 * i)), ld(y.add(2 * i)), acc[0]);
+            acc = _mm256_fmadd_ps(ld(x.add(2 * i)), ld(y.add(2 * i)), acc);
             i += 8;
         }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut s = hsum_f32(v);
+        let mut s = hsum_f32(acc);
         while i < n {
             s += f16p(x.add(2 * i)) * f16p(y.add(2 * i));
             i += 1;
         }
         s
+    }
+}
+
+/// f16 values (`src`, little-endian) to f32 (`dst`, as many), exactly.
+///
+/// # Safety
+/// avx2+fma+f16c; `src` holds `2 * dst.len()` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_to_f32(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len();
+    let mut i = 0;
+    // SAFETY: reads below 2n bytes of src, writes below n values of dst.
+    unsafe {
+        while i + 8 <= n {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
+            i += 8;
+        }
+        while i < n {
+            dst[i] = f16p(src.as_ptr().add(2 * i));
+            i += 1;
+        }
+    }
+}
+
+/// Weight rows per register tile of [`matmul_f16`].
+const F16_ROWS: usize = 4;
+
+/// `out[t * out_stride + r] = W[r] · A[t]` for `rows` f16 weight rows (`wrb` bytes
+/// apart from `w`) and `tokens` activation rows in f32 (`n` values each, `a` packed),
+/// in tiles of 4 rows × `TOKENS` tokens: each converted weight vector serves the tile's
+/// tokens and each activation vector four rows. Every (row, token) dot is summed
+/// exactly as [`dot_f16`] sums it (the activations are its f16 values, converted
+/// exactly), so a token's results do not depend on the batch around it. (The AVX-512
+/// sets have their own, 16 lanes wide: `avx512::matmul_f16`.)
+///
+/// # Safety
+/// The features of the entry; `w` holds `rows` rows of `wrb >= 2n` bytes, `a` holds
+/// `tokens * n` values, `out` has room for `(tokens - 1) * out_stride + rows` values.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_f16_tiles<const TOKENS: usize>(
+    w: &[u8],
+    wrb: usize,
+    rows: usize,
+    a: &[f32],
+    n: usize,
+    tokens: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let mut r = 0;
+    // SAFETY: forwarded; every tile stays inside rows × tokens.
+    unsafe {
+        while r < rows {
+            let nr = (rows - r).min(F16_ROWS);
+            let mut t = 0;
+            while t < tokens {
+                let nt = (tokens - t).min(TOKENS);
+                let wp = w.as_ptr().add(r * wrb);
+                let ap = a.as_ptr().add(t * n);
+                let o = out.add(t * out_stride + r);
+                macro_rules! tile {
+                    ($($r:literal, $t:literal);*) => {
+                        match (nr, nt) {
+                            $(($r, $t) => f16_tile::<$r, $t>(wp, wrb, ap, n, o, out_stride),)*
+                            _ => f16_tile::<1, 1>(wp, wrb, ap, n, o, out_stride),
+                        }
+                    };
+                }
+                tile!(4, 2; 4, 1; 3, 2; 3, 1; 2, 2; 2, 1; 1, 2);
+                t += nt;
+            }
+            r += nr;
+        }
+    }
+}
+
+/// [`matmul_f16_tiles`] with 2 tokens per tile (16 ymm registers).
+///
+/// # Safety
+/// avx2+fma+f16c; as `matmul_f16_tiles`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matmul_f16(
+    w: &[u8],
+    wrb: usize,
+    rows: usize,
+    a: &[f32],
+    n: usize,
+    tokens: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    // SAFETY: forwarded.
+    unsafe { matmul_f16_tiles::<2>(w, wrb, rows, a, n, tokens, out, out_stride) }
+}
+
+/// One R × T tile of [`matmul_f16`].
+///
+/// # Safety
+/// As `matmul_f16`, for R rows from `w` and T tokens from `a`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // a register tile reads clearest by its indices
+unsafe fn f16_tile<const R: usize, const T: usize>(
+    w: *const u8,
+    wrb: usize,
+    a: *const f32,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    // SAFETY: reads below n values of each of the R rows and T tokens; writes R × T
+    // outputs the caller has room for.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let mut i = 0;
+        while i + 8 <= n {
+            let mut wv = [_mm256_setzero_ps(); R];
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_cvtph_ps(_mm_loadu_si128(w.add(j * wrb + 2 * i) as *const __m128i));
+            }
+            for t in 0..T {
+                let av = _mm256_loadu_ps(a.add(t * n + i));
+                for j in 0..R {
+                    acc[j][t] = _mm256_fmadd_ps(wv[j], av, acc[j][t]);
+                }
+            }
+            i += 8;
+        }
+        for j in 0..R {
+            for t in 0..T {
+                let mut s = hsum_f32(acc[j][t]);
+                for k in i..n {
+                    s += f16p(w.add(j * wrb + 2 * k)) * *a.add(t * n + k);
+                }
+                *out.add(t * out_stride + j) = s;
+            }
+        }
     }
 }
 

@@ -19,6 +19,7 @@ pub(crate) fn dot_fn(wty: GgmlType) -> Option<SimdDotFn> {
         GgmlType::Q4_K => dot_q4_k,
         GgmlType::Q6_K => dot_q6_k,
         GgmlType::Q8_0 => dot_q8_0,
+        GgmlType::F16 => dot_f16,
         _ => return None,
     })
 }
@@ -174,5 +175,145 @@ pub(crate) unsafe fn dot_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
             ));
         }
         s
+    }
+}
+
+/// The sum of a zmm's lanes in a fixed order: the two ymm halves added, then AVX2's
+/// horizontal sum.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn hsum16(v: __m512) -> f32 {
+    // The upper half through the f64 extract (AVX-512F; the f32 one is AVX-512DQ).
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let h = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+    // SAFETY: AVX2 is part of this set.
+    unsafe { super::avx2::hsum_f32(h) }
+}
+
+/// 16 f16 at `p` as f32.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn load_f16x16(p: *const u8) -> __m512 {
+    // SAFETY: caller guarantees 32 readable bytes at p.
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
+
+/// # Safety
+/// The AVX-512 VNNI set; `w`, `a` hold `n` f16.
+///
+/// The 1 × 1 case of [`matmul_f16`]'s arithmetic: one 16-lane accumulator over steps
+/// of 16, [`hsum16`], then the scalar tail.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (x, y) = (w.as_ptr(), a.as_ptr());
+    let mut acc = _mm512_setzero_ps();
+    let mut i = 0;
+    // SAFETY: every read is below n elements.
+    unsafe {
+        while i + 16 <= n {
+            acc = _mm512_fmadd_ps(load_f16x16(x.add(2 * i)), load_f16x16(y.add(2 * i)), acc);
+            i += 16;
+        }
+        let mut s = hsum16(acc);
+        while i < n {
+            s += super::avx2::f16p(x.add(2 * i)) * super::avx2::f16p(y.add(2 * i));
+            i += 1;
+        }
+        s
+    }
+}
+
+/// `out[t * out_stride + r] = W[r] · A[t]` for `rows` f16 weight rows (`wrb` bytes
+/// apart) and `tokens` f32 activation rows (`n` values each, packed), in register
+/// tiles of 4 rows × 4 tokens (16 zmm accumulators): each converted weight vector serves
+/// four tokens, each activation vector four rows. Every (row, token) dot is summed
+/// exactly as [`dot_f16`] sums it (the activations are its f16 values, converted
+/// exactly), so a token's results do not depend on the batch around it.
+///
+/// # Safety
+/// The AVX-512 VNNI set; `w` holds `rows` rows of `wrb >= 2n` bytes, `a` holds
+/// `tokens * n` values, `out` has room for `(tokens - 1) * out_stride + rows` values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matmul_f16(
+    w: &[u8],
+    wrb: usize,
+    rows: usize,
+    a: &[f32],
+    n: usize,
+    tokens: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let mut r = 0;
+    // SAFETY: forwarded; every tile stays inside rows × tokens.
+    unsafe {
+        while r < rows {
+            let nr = (rows - r).min(4);
+            let mut t = 0;
+            while t < tokens {
+                let nt = (tokens - t).min(4);
+                let wp = w.as_ptr().add(r * wrb);
+                let ap = a.as_ptr().add(t * n);
+                let o = out.add(t * out_stride + r);
+                macro_rules! tile {
+                    ($($r:literal, $t:literal);*) => {
+                        match (nr, nt) {
+                            $(($r, $t) => f16_tile::<$r, $t>(wp, wrb, ap, n, o, out_stride),)*
+                            _ => f16_tile::<1, 1>(wp, wrb, ap, n, o, out_stride),
+                        }
+                    };
+                }
+                tile!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1;
+                      1, 4; 1, 3; 1, 2);
+                t += nt;
+            }
+            r += nr;
+        }
+    }
+}
+
+/// One R × T tile of [`matmul_f16`].
+///
+/// # Safety
+/// As `matmul_f16`, for R rows from `w` and T tokens from `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // a register tile reads clearest by its indices
+unsafe fn f16_tile<const R: usize, const T: usize>(
+    w: *const u8,
+    wrb: usize,
+    a: *const f32,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    // SAFETY: reads below n values of each of the R rows and T tokens; writes R × T
+    // outputs the caller has room for.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        let mut i = 0;
+        while i + 16 <= n {
+            let mut wv = [_mm512_setzero_ps(); R];
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = load_f16x16(w.add(j * wrb + 2 * i));
+            }
+            for t in 0..T {
+                let av = _mm512_loadu_ps(a.add(t * n + i));
+                for j in 0..R {
+                    acc[j][t] = _mm512_fmadd_ps(wv[j], av, acc[j][t]);
+                }
+            }
+            i += 16;
+        }
+        for j in 0..R {
+            for t in 0..T {
+                let mut s = hsum16(acc[j][t]);
+                for k in i..n {
+                    s += super::avx2::f16p(w.add(j * wrb + 2 * k)) * *a.add(t * n + k);
+                }
+                *out.add(t * out_stride + j) = s;
+            }
+        }
     }
 }
