@@ -224,7 +224,7 @@ pub struct PromptLookup;
 
 impl Drafter for PromptLookup {
     fn draft(&mut self, tokens: &[u32], max: usize) -> anyhow::Result<Vec<u32>> {
-        Ok(lookup_draft(tokens, max).to_vec())
+        Ok(lookup_draft(tokens, max))
     }
 }
 

@@ -777,7 +777,7 @@ impl<'m, 't> Engine<'m, 't> {
         let room = (n_ctx.saturating_sub(pos + 1))
             .min(s.job.max_tokens.saturating_sub(s.generated + 1))
             .min(max);
-        lookup_draft(&s.history, room).to_vec()
+        lookup_draft(&s.history, room)
     }
 
     /// Samples slot `i`'s next token from the logits after its first `kv_len`
