@@ -4,6 +4,7 @@
 //! the seeded test sweep run.
 
 use crate::{Dims, ModelFile, RopeFactors, Spec};
+use llamay_engine::arch::Output;
 use llamay_engine::{ARCHITECTURES, BatchToken, ContextParams, KvPrecision, Model, Threads};
 use llamay_formats::GgmlType;
 use llamay_gguf::{Array, GgufFile, Model as Gguf, Value};
@@ -257,7 +258,7 @@ fn mutate(file: &mut ModelFile, arch: &str, input: &mut Input<'_>) {
 pub enum Outcome {
     /// Refused at load, with this message (check and load agreed on it).
     Refused(String),
-    /// Loaded, and a batch decoded to logits.
+    /// Loaded, and a batch decoded (to logits; an encoder's to hidden states).
     Decoded,
 }
 
@@ -293,15 +294,20 @@ pub fn exercise(bytes: &[u8]) -> Outcome {
             logits: true,
         })
         .collect();
-    let logits = ctx
-        .decode(&batch)
-        .unwrap_or_else(|e| panic!("a loaded model refused a valid batch: {e}"));
-    assert_eq!(logits.values.len(), n * c.n_vocab);
-    // The weights are finite and small (see `tensor_bytes`), so NaN logits mean a
+    // An encoder gives its hidden states (embeddings), a decoder logits.
+    let (values, width) = if c.arch.output == Output::Embeddings {
+        let h = ctx.hidden(&batch);
+        (h.map(|h| h.values), c.n_embd)
+    } else {
+        (ctx.decode(&batch).map(|l| l.values), c.n_vocab)
+    };
+    let values = values.unwrap_or_else(|e| panic!("a loaded model refused a valid batch: {e}"));
+    assert_eq!(values.len(), n * width);
+    // The weights are finite and small (see `tensor_bytes`), so NaN outputs mean a
     // computation was skipped: the kernels' answer to shapes that do not match.
     assert!(
-        logits.values.iter().all(|v| !v.is_nan()),
-        "a loaded model gave NaN logits"
+        values.iter().all(|v| !v.is_nan()),
+        "a loaded model gave NaN outputs"
     );
     assert_eq!(ctx.kv().len(seq), Ok(n));
     Outcome::Decoded

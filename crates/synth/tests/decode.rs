@@ -6,6 +6,7 @@
 //! scripts/test runs this file under every kernel set (portable, AVX2, AVX-VNNI, AVX-512
 //! VNNI, AMX where the CPU has them; NEON under qemu is the kernels crate's own run).
 
+use llamay_engine::arch::Output;
 use llamay_engine::{
     ARCHITECTURES, BatchToken, Context, ContextParams, DecodeError, KvPrecision, Model, SeqId,
     Threads,
@@ -13,6 +14,12 @@ use llamay_engine::{
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufFile, Model as Gguf};
 use llamay_synth::{Dims, ModelFile, Spec};
+
+/// The rows that decode to logits: the equalities below are a decoder's (an encoder
+/// reads a sequence whole: `an_encoder_reads_each_sequence_whole`).
+fn decoders() -> impl Iterator<Item = &'static llamay_engine::ArchSpec> {
+    ARCHITECTURES.iter().filter(|a| a.output == Output::Logits)
+}
 
 fn with_model<T>(spec: &Spec, f: impl FnOnce(&Model<'_>) -> T) -> T {
     let bytes = ModelFile::new(spec).write().unwrap();
@@ -88,7 +95,7 @@ fn compare_one_by_one_with_batch(spec: &Spec, threads: usize, kv: KvPrecision, n
 
 #[test]
 fn one_token_at_a_time_equals_one_batch_bit_for_bit() {
-    for arch in ARCHITECTURES {
+    for arch in decoders() {
         for ty in [
             GgmlType::F32,
             GgmlType::Q8_0,
@@ -141,7 +148,7 @@ fn one_token_at_a_time_equals_one_batch_at_depth() {
 
 #[test]
 fn truncate_then_redecode_equals_a_fresh_sequence() {
-    for arch in ARCHITECTURES {
+    for arch in decoders() {
         let spec = Spec {
             ty: GgmlType::Q8_0,
             ..Spec::new(arch)
@@ -170,7 +177,7 @@ fn truncate_then_redecode_equals_a_fresh_sequence() {
 /// the parent is untouched by the fork's writes.
 #[test]
 fn continuing_a_fork_equals_continuing_the_original_bit_for_bit() {
-    for arch in ARCHITECTURES {
+    for arch in decoders() {
         for kv in [KvPrecision::F32, KvPrecision::Q8] {
             let spec = Spec {
                 ty: GgmlType::Q4_K,
@@ -259,4 +266,48 @@ fn a_batch_interrupted_by_a_panic_leaves_its_sequence_whole() {
         let resumed = run(&mut ctx, t, &toks[3..]);
         assert_eq!(resumed, fresh[3 * n..]);
     });
+}
+
+/// An encoder (bert) reads a sequence whole: its states are the same bits alone or
+/// batched with another sequence, a second batch on a sequence is refused by name, and
+/// it has no logits to give.
+#[test]
+fn an_encoder_reads_each_sequence_whole() {
+    let encoders: Vec<_> = (ARCHITECTURES.iter())
+        .filter(|a| a.output == Output::Embeddings)
+        .collect();
+    assert!(!encoders.is_empty());
+    for arch in encoders {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
+            let spec = Spec {
+                ty,
+                ..Spec::new(arch)
+            };
+            with_model(&spec, |m| {
+                let n = m.config().n_vocab;
+                let toks = tokens(N_TOKENS, n);
+                let other = tokens(7, n);
+                let mut ctx = context(m, 2, KvPrecision::F32, 64);
+                let a = ctx.new_sequence();
+                let alone = ctx.hidden(&batch(a, &toks, 0)).unwrap().values;
+                let (b, c) = (ctx.new_sequence(), ctx.new_sequence());
+                let mut both = batch(b, &other, 0);
+                both.extend(batch(c, &toks, 0));
+                let h = ctx.hidden(&both).unwrap();
+                let e = m.config().n_embd;
+                assert_same_bits(&alone, &h.values[other.len() * e..], e, arch.name);
+                let more = ctx.hidden(&batch(a, &toks[..1], N_TOKENS));
+                assert!(
+                    matches!(more, Err(DecodeError::EncoderNeedsWholeSequence { .. })),
+                    "{}: a second batch on an encoded sequence",
+                    arch.name
+                );
+                let d = ctx.new_sequence();
+                assert!(matches!(
+                    ctx.decode(&batch(d, &toks, 0)),
+                    Err(DecodeError::EncoderHasNoLogits { .. })
+                ));
+            });
+        }
+    }
 }
