@@ -3,7 +3,7 @@
 //! verification, which keeps the output exactly what it is without speculation, is
 //! `generate::Sampling::run`'s.
 
-use crate::generate::{Drafter, PromptLookup, SamplingArgs, prefill};
+use crate::generate::{Drafter, PromptLookup, SamplingArgs, Speculation, prefill};
 use crate::session;
 use anyhow::{Context as _, bail};
 use llamay_engine::sample::argmax;
@@ -23,7 +23,7 @@ pub fn open_draft_file(args: &SamplingArgs) -> anyhow::Result<Option<MappedModel
 
 /// Loads the draft model from its opened file and checks that it shares `target`'s
 /// vocabulary: its guesses are token ids of the target's.
-pub fn load_draft<'a>(
+fn load_draft<'a>(
     file: &'a MappedModel,
     threads: Threads,
     target: &Tokenizer,
@@ -73,21 +73,54 @@ pub struct DraftParams {
     pub threads: Threads,
     pub kv: KvPrecision,
     pub n_ctx: usize,
-    /// Most tokens drafted per step.
+    /// Most tokens drafted per step (0: no speculation).
     pub max_draft: usize,
 }
 
-/// The drafter the flags ask for: the draft model when one is loaded, else prompt
-/// lookup (used only when `--draft-lookup` asks for drafts).
-pub fn drafter<'d>(
-    draft: Option<&'d Model<'d>>,
-    tok: &'d Tokenizer,
-    p: DraftParams,
-) -> anyhow::Result<Box<dyn Drafter + 'd>> {
-    Ok(match draft {
-        Some(model) => Box::new(DraftModel::new(model, tok, p)?),
-        None => Box::new(PromptLookup),
-    })
+impl DraftParams {
+    /// The flags' draft size, for a target context of these settings.
+    pub fn new(
+        args: &SamplingArgs,
+        threads: Threads,
+        kv: KvPrecision,
+        n_ctx: usize,
+    ) -> anyhow::Result<Self> {
+        Ok(DraftParams {
+            threads,
+            kv,
+            n_ctx,
+            max_draft: args.draft()?,
+        })
+    }
+}
+
+/// What run and chat speculate with: `--draft-model`'s model when one was given (loaded
+/// from its opened file), else prompt lookup; none when `max_draft` is 0.
+pub struct Draft<'a> {
+    model: Option<Model<'a>>,
+    params: DraftParams,
+}
+
+impl<'a> Draft<'a> {
+    pub fn load(
+        file: Option<&'a MappedModel>,
+        params: DraftParams,
+        target: &Tokenizer,
+    ) -> anyhow::Result<Self> {
+        let model = file
+            .map(|f| load_draft(f, params.threads, target))
+            .transpose()?;
+        Ok(Draft { model, params })
+    }
+
+    /// The speculation of a generation loop (the draft model's context is made here).
+    pub fn speculation<'d>(&'d self, tok: &'d Tokenizer) -> anyhow::Result<Speculation<'d>> {
+        let drafter: Box<dyn Drafter + 'd> = match &self.model {
+            Some(model) => Box::new(DraftModel::new(model, tok, self.params)?),
+            None => Box::new(PromptLookup),
+        };
+        Ok(Speculation::new(self.params.max_draft, drafter))
+    }
 }
 
 /// A small model guessing the next tokens greedily, in its own context whose cache

@@ -175,9 +175,10 @@ pub(crate) fn kernel(set: KernelSet, wty: GgmlType) -> Option<Kernel> {
 /// How `matmul` runs F16 weights under `set` (capped to this machine) on x86: every x86
 /// set has AVX2, FMA and F16C for the 8-lane tiled kernel; the AVX-512 sets run their
 /// 16-lane one (their `dot_f16` is its 1 × 1 case).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn f16_tiles(set: KernelSet) -> Option<F16Tiles> {
     let set = cap_to_hardware(set);
-    if !cfg!(target_arch = "x86_64") || arch_of(set) != arch_of(KernelSet::Avx2) {
+    if arch_of(set) != arch_of(KernelSet::Avx2) {
         return None;
     }
     Some(match set {
@@ -187,6 +188,7 @@ pub(crate) fn f16_tiles(set: KernelSet) -> Option<F16Tiles> {
 }
 
 /// The x86 F16 tile widths (see `f16_tiles`).
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum F16Tiles {
     Avx2,

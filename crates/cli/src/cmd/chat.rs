@@ -411,20 +411,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let grammar = rules.map(|r| Bound::new(r, &tok)).transpose()?;
     let n_ctx = session::context(args.ctx_size, &model)?;
     let draft_file = speculate::open_draft_file(&args.sampling)?;
-    let draft_model = (draft_file.as_ref())
-        .map(|f| speculate::load_draft(f, threads, &tok))
-        .transpose()?;
-    let max_draft = args.sampling.draft()?;
-    let drafter = speculate::drafter(
-        draft_model.as_ref(),
-        &tok,
-        speculate::DraftParams {
-            threads,
-            kv,
-            n_ctx,
-            max_draft,
-        },
-    )?;
+    let draft_params = speculate::DraftParams::new(&args.sampling, threads, kv, n_ctx)?;
+    let draft = speculate::Draft::load(draft_file.as_ref(), draft_params, &tok)?;
     let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
     let interactive = std::io::stdin().is_terminal();
     catch_ctrl_c();
@@ -448,7 +436,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         sampler: None,
         limit,
         ignore_eos: args.sampling.ignore_eos,
-        speculation: Speculation::new(max_draft, drafter),
+        speculation: draft.speculation(&tok)?,
         grammar,
         display: Display {
             show_reasoning: args.show_reasoning,

@@ -2,7 +2,7 @@
 
 use crate::ModelArg;
 use crate::constrain::{Bound, ConstraintArgs};
-use crate::generate::{Flow, Sampling, SamplingArgs, Speculation, prefill};
+use crate::generate::{Flow, Sampling, SamplingArgs, prefill};
 use crate::{session, speculate};
 use anyhow::{Context, bail};
 use llamay_engine::sample::Sampler;
@@ -107,20 +107,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     let draft_file = speculate::open_draft_file(&args.sampling)?;
-    let draft_model = (draft_file.as_ref())
-        .map(|f| speculate::load_draft(f, threads, &tok))
-        .transpose()?;
-    let max_draft = args.sampling.draft()?;
-    let drafter = speculate::drafter(
-        draft_model.as_ref(),
-        &tok,
-        speculate::DraftParams {
-            threads,
-            kv,
-            n_ctx,
-            max_draft,
-        },
-    )?;
+    let draft_params = speculate::DraftParams::new(&args.sampling, threads, kv, n_ctx)?;
+    let draft = speculate::Draft::load(draft_file.as_ref(), draft_params, &tok)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
     generate(
@@ -133,7 +121,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             limit,
             ignore_eos: args.sampling.ignore_eos,
             constraint: bound.as_ref().map(Bound::start),
-            speculation: Speculation::new(max_draft, drafter),
+            speculation: draft.speculation(&tok)?,
         },
         load_s,
     )
