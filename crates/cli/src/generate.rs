@@ -5,7 +5,7 @@
 use anyhow::bail;
 use llamay_engine::grammar::Constraint;
 use llamay_engine::sample::{Sampler, SamplerParams, lookup_draft};
-use llamay_engine::{BatchToken, Context, SeqId};
+use llamay_engine::{BatchToken, Context, KvError, SeqId};
 use llamay_tokenizer::Tokenizer;
 
 /// Prompt tokens evaluated per decode call: bounds the activations' memory.
@@ -131,6 +131,31 @@ pub fn prefill(
         }
     }
     Ok(logits)
+}
+
+/// Keeps the part of `seq`'s cache that `tokens` starts with (all but the last token at
+/// most: its logits are wanted) and cuts the rest; where a sliding window released what
+/// the cut needs, the sequence starts over. Returns the sequence (a new one when it
+/// started over) and how many of `tokens` it holds.
+pub fn keep_shared_prefix(
+    ctx: &mut Context<'_>,
+    seq: SeqId,
+    tokens: &[u32],
+) -> anyhow::Result<(SeqId, usize)> {
+    let held = ctx.kv().tokens(seq)?;
+    let keep = (held.iter().zip(tokens).take_while(|(a, b)| a == b).count())
+        .min(tokens.len().saturating_sub(1));
+    if keep == held.len() {
+        return Ok((seq, keep));
+    }
+    match ctx.kv_mut().truncate(seq, keep) {
+        Ok(()) => Ok((seq, keep)),
+        Err(KvError::WindowReleased { .. }) => {
+            ctx.kv_mut().free(seq)?;
+            Ok((ctx.new_sequence(), 0))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Why generation stopped.

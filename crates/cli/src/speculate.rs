@@ -3,13 +3,13 @@
 //! verification, which keeps the output exactly what it is without speculation, is
 //! `generate::Sampling::run`'s.
 
-use crate::generate::{Drafter, PromptLookup, SamplingArgs, Speculation, prefill};
+use crate::generate::{
+    Drafter, PromptLookup, SamplingArgs, Speculation, keep_shared_prefix, prefill,
+};
 use crate::session;
 use anyhow::{Context as _, bail};
 use llamay_engine::sample::argmax;
-use llamay_engine::{
-    BatchToken, Context, ContextParams, KvError, KvPrecision, Model, SeqId, Threads,
-};
+use llamay_engine::{BatchToken, Context, ContextParams, KvPrecision, Model, SeqId, Threads};
 use llamay_gguf::MappedModel;
 use llamay_tokenizer::Tokenizer;
 
@@ -146,21 +146,8 @@ impl<'m> DraftModel<'m> {
     /// Brings the draft cache to `tokens` minus its last token (kept where it agrees,
     /// cut where it does not) and returns the logits after all of `tokens`.
     fn follow(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
-        let held = self.ctx.kv().tokens(self.seq)?;
-        let mut keep = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
-        keep = keep.min(tokens.len() - 1);
-        if keep < held.len() {
-            match self.ctx.kv_mut().truncate(self.seq, keep) {
-                Ok(()) => {}
-                // A sliding window released the pages the cut would need: start over.
-                Err(KvError::WindowReleased { .. }) => {
-                    self.ctx.kv_mut().free(self.seq)?;
-                    self.seq = self.ctx.new_sequence();
-                    keep = 0;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let (seq, keep) = keep_shared_prefix(&mut self.ctx, self.seq, tokens)?;
+        self.seq = seq;
         prefill(&mut self.ctx, self.seq, &tokens[keep..], keep)
     }
 }

@@ -7,11 +7,11 @@
 use crate::ModelArg;
 use crate::chat;
 use crate::constrain::{Bound, ConstraintArgs};
-use crate::generate::{Flow, Sampling, SamplingArgs, Speculation, prefill};
+use crate::generate::{Flow, Sampling, SamplingArgs, Speculation, keep_shared_prefix, prefill};
 use crate::{session, speculate};
 use anyhow::{Context as _, bail};
 use llamay_engine::sample::{Sampler, SamplerParams};
-use llamay_engine::{Context, ContextParams, KvError, SeqId};
+use llamay_engine::{Context, ContextParams, SeqId};
 use llamay_gguf::MappedModel;
 use llamay_template::format::{self as chat_format, ChatFormat};
 use llamay_template::{Event, Message, OutputParser};
@@ -266,22 +266,9 @@ impl Session<'_, '_> {
                 ids.len()
             );
         }
-        let held = self.ctx.kv().tokens(conv.seq)?;
-        let mut reused = held.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         // The last prompt token is always decoded: its logits start the answer.
-        reused = reused.min(ids.len() - 1);
-        if reused < held.len() {
-            match self.ctx.kv_mut().truncate(conv.seq, reused) {
-                Ok(()) => {}
-                // A sliding window released the pages the cut would need: start over.
-                Err(KvError::WindowReleased { .. }) => {
-                    self.ctx.kv_mut().free(conv.seq)?;
-                    conv.seq = self.ctx.new_sequence();
-                    reused = 0;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let (seq, reused) = keep_shared_prefix(self.ctx, conv.seq, &ids)?;
+        conv.seq = seq;
         self.turn += 1;
         let t0 = Instant::now();
         let logits = prefill(self.ctx, conv.seq, &ids[reused..], reused)?;
