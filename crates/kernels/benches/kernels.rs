@@ -38,6 +38,10 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
         for &at in fields {
             blk[at..at + 2].copy_from_slice(&d);
         }
+        if ty == MXFP4 {
+            // E8M0 exponent: 2^-7, a weight scale of the size gpt-oss's have.
+            blk[0] = 120;
+        }
     }
     w
 }
@@ -89,7 +93,7 @@ fn gemv(c: &mut Criterion) {
         .sample_size(20);
     for nt in thread_counts() {
         let pool = ThreadPool::new(nt);
-        for ty in [Q4_K, Q8_0, Q6_K, Q5_0] {
+        for ty in [Q4_K, Q8_0, Q6_K, Q5_0, Q4_0, MXFP4] {
             let w = weights(ty, ROWS, COLS);
             let a = activations(ty, 1, &pool);
             let mut out = vec![0f32; ROWS];
@@ -116,7 +120,7 @@ fn prefill(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3))
         .sample_size(10);
     let pool = ThreadPool::new(threads());
-    for ty in [Q4_K, Q8_0, Q6_K, Q5_0] {
+    for ty in [Q4_K, Q8_0, Q6_K, Q5_0, Q4_0, MXFP4] {
         let w = weights(ty, ROWS, COLS);
         let a = activations(ty, TOKENS, &pool);
         let mut out = vec![0f32; ROWS * TOKENS];

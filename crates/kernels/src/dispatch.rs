@@ -214,6 +214,7 @@ fn simd_fn(set: KernelSet, wty: GgmlType) -> Option<SimdDotFn> {
             Q5_0 => avx2::dot_q5_0,
             Q5_1 => avx2::dot_q5_1,
             Q8_0 => avx2::dot_q8_0,
+            MXFP4 => avx2::dot_mxfp4,
             Q2_K => avx2::dot_q2_k,
             Q3_K => avx2::dot_q3_k,
             Q4_K => avx2::dot_q4_k,

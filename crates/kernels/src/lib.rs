@@ -6,9 +6,9 @@
 //! Semantics are ggml's (`ggml_vec_dot_*`): the activation is quantised to the weight
 //! type's `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, BF16 or F32), integer sums are formed
 //! inside each block, then multiplied by the two scales and accumulated in f32. See
-//! `portable` for the exact float order. SIMD kernels for the K-quants are bit-identical
-//! to the portable ones; those for the 32-blocks and the float types accumulate in f32
-//! vector lanes and agree within a float bound (see the tests).
+//! `portable` for the exact float order. SIMD kernels for the K-quants and MXFP4 are
+//! bit-identical to the portable ones; those for the other 32-blocks and the float types
+//! accumulate in f32 vector lanes and agree within a float bound (see the tests).
 
 use llamay_formats::GgmlType;
 

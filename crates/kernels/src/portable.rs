@@ -150,7 +150,7 @@ pub(crate) fn dot_iq4_nl(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 /// ggml's `GGML_E8M0_TO_FP32_HALF`.
 #[inline]
-fn e8m0_half(e: u8) -> f32 {
+pub(crate) fn e8m0_half(e: u8) -> f32 {
     let bits = if e < 2 {
         0x0020_0000u32 << e
     } else {

@@ -2,8 +2,8 @@
 //! llamay_formats, matmul vs a naive loop.
 //!
 //! Stated bounds (eps = f32::EPSILON):
-//! - K-quants (Q2_K..Q6_K): every SIMD kernel is bit-identical to portable (exact i32
-//!   super-block sums, same scalar float finish).
+//! - K-quants (Q2_K..Q6_K) and MXFP4: every SIMD kernel is bit-identical to portable
+//!   (exact i32 block or super-block sums, the same float steps in the same order).
 //! - 32-blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0): |simd − portable| ≤ 4·eps·(nb+8)·Σ_b |dot_b|
 //!   (dot_b = the portable dot of block b alone): only the f32 accumulation order differs.
 //! - F32/F16/BF16: |simd − portable| ≤ 4·eps·(n+8)·Σ|x_i·y_i|.
@@ -78,8 +78,9 @@ fn activation(wty: GgmlType, cols: usize, rng: &mut Rng, pool: &ThreadPool) -> Q
     quantize_rows(wty.vec_dot_type(), &random_f32(cols, rng), cols, pool)
 }
 
-fn is_kquant(ty: GgmlType) -> bool {
-    matches!(ty, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+/// The formats whose SIMD kernels are bit-identical to portable.
+fn is_exact(ty: GgmlType) -> bool {
+    matches!(ty, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | MXFP4)
 }
 
 fn check_simd(ty: GgmlType, nb: usize, seed: u64, pool: &ThreadPool) {
@@ -94,7 +95,7 @@ fn check_simd(ty: GgmlType, nb: usize, seed: u64, pool: &ThreadPool) {
             continue;
         }
         let s = vec_dot_with(set, ty, &w, &a.data, cols);
-        if is_kquant(ty) {
+        if is_exact(ty) {
             assert_eq!(
                 s.to_bits(),
                 p.to_bits(),
@@ -223,6 +224,39 @@ fn float_simd_handles_tails() {
                     (s - p).abs() <= 1e-5 * (1.0 + p.abs()) * cols as f32,
                     "{ty} {set:?} {cols}: {s} vs {p}"
                 );
+            }
+        }
+    }
+}
+
+/// MXFP4 at every exponent byte (0..=255: the two subnormal scales, overflow to
+/// infinity at the top) and every block count up to 20 (the SIMD kernels work in runs of
+/// blocks with a tail): each SIMD set's dot has the portable bits (NaN where portable's
+/// is NaN, from infinities of both signs).
+#[test]
+fn mxfp4_simd_is_exact_at_every_exponent() {
+    let pool = ThreadPool::new(1);
+    let mut rng = Rng(0x4D58);
+    for nb in 1..=20usize {
+        let cols = 32 * nb;
+        for first in (0..256usize).step_by(nb.max(8)) {
+            let mut w = rng.bytes(17 * nb);
+            for (b, blk) in w.chunks_exact_mut(17).enumerate() {
+                blk[0] = ((first + b) % 256) as u8;
+            }
+            // Large activations overflow at the top exponents, small ones give
+            // subnormal scales and products at the bottom.
+            for scale in [1e3f32, 1e-3] {
+                let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale).collect();
+                let a = quantize_rows(Q8_0, &x, cols, &pool);
+                let p = vec_dot_with(KernelSet::Portable, MXFP4, &w, &a.data, cols);
+                for set in KernelSet::available() {
+                    let s = vec_dot_with(set, MXFP4, &w, &a.data, cols);
+                    assert!(
+                        s.to_bits() == p.to_bits() || (s.is_nan() && p.is_nan()),
+                        "{set:?} nb={nb} e from {first} scale {scale}: {s} vs portable {p}"
+                    );
+                }
             }
         }
     }
@@ -393,13 +427,11 @@ fn simd_sets_cover_the_block_formats() {
             continue;
         }
         for ty in [
-            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4,
         ] {
             assert!(set.has_kernel(ty), "{set:?} {ty}");
         }
-        for ty in [
-            IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, MXFP4,
-        ] {
+        for ty in [IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S] {
             assert!(!set.has_kernel(ty), "{set:?} {ty}");
         }
     }

@@ -9,11 +9,14 @@
 //!
 //! K-quants form the same exact i32 super-block sums as `portable` (integer lanes wrap,
 //! and the true total fits in i32, so the lane order does not matter) and finish with
-//! the shared `kq_acc`: bit-identical. The 32-blocks and the float types accumulate in
-//! f32 vector lanes (FMA), so they agree with `portable` within the tests' float bound.
+//! the shared `kq_acc`: bit-identical. So is MXFP4 (exact block sums, portable's float
+//! steps in block order). The other 32-blocks and the float types accumulate in f32
+//! vector lanes (FMA), so they agree with `portable` within the tests' float bound.
 
 use super::dot::I8Dot;
-use crate::portable::{Q8K, f16_at, f32_at, kq_acc, q3k_scales, scales_mins_k4};
+use crate::portable::{
+    KVALUES_MXFP4, Q8K, e8m0_half, f16_at, f32_at, kq_acc, q3k_scales, scales_mins_k4,
+};
 use core::arch::aarch64::*;
 use core::arch::asm;
 
@@ -404,6 +407,31 @@ pub(super) unsafe fn dot_q8_0<D: I8Dot>(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: NEON and whole blocks for `n` (the module contract, which the
     // `#[target_feature]` wrappers and `dispatch::Kernel::call` establish).
     unsafe { legacy_q8_0!(D, w, a, n, 34, |p| (ld_s8(p.add(2)), ld_s8(p.add(18)))) }
+}
+
+/// # Safety
+/// Whole MXFP4 / Q8_0 blocks for `n`.
+///
+/// Bit-identical to `portable::dot_mxfp4`: each block's exact integer sum (the nibbles
+/// looked up in `kvalues_mxfp4` with `tbl`), then `acc += (dy · e8m0_half(e)) · sumi`,
+/// the same f32 steps in block order.
+#[inline(always)]
+pub(super) unsafe fn dot_mxfp4<D: I8Dot>(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: NEON and whole blocks for `n` (the module contract, which the
+    // `#[target_feature]` wrappers and `dispatch::Kernel::call` establish).
+    unsafe {
+        let table = vld1q_s8(KVALUES_MXFP4.as_ptr());
+        let (xs, ys) = (w.as_ptr(), a.as_ptr());
+        let mut acc = 0.0f32;
+        for i in 0..n / 32 {
+            let (x, y) = (xs.add(17 * i), ys.add(34 * i));
+            let (lo, hi) = nibbles(x.add(1));
+            let s = D::dot(vdupq_n_s32(0), vqtbl1q_s8(table, lo), ld_s8(y.add(2)));
+            let s = D::dot(s, vqtbl1q_s8(table, hi), ld_s8(y.add(18)));
+            acc += (f16p(y) * e8m0_half(*x)) * vaddvq_s32(s) as f32;
+        }
+        acc
+    }
 }
 
 /// # Safety

@@ -5,7 +5,7 @@
 //! float types (F32, F16, BF16) have one version, used by both. The i8mm set
 //! (`KernelSet::NeonI8mm`) runs the `dotprod` kernels: `smmla` computes a 2×2 tile
 //! (two weight rows × two activation rows), which the one-row `vec_dot` interface has
-//! no place for yet; i-quants and MXFP4 stay portable, as on x86.
+//! no place for yet; the i-quants stay portable, as on x86.
 //!
 //! Each `unsafe fn` here may only be called when `dispatch::hardware()` found what its
 //! set needs (`neon`; `neon` + `dotprod`) and with whole blocks of both types for `n`
@@ -54,7 +54,7 @@ macro_rules! integer_set {
         $(#[$doc])*
         mod $set {
             integer_set!(@wrap $feature, $dot, dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1,
-                dot_q8_0, dot_q2_k, dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k);
+                dot_q8_0, dot_mxfp4, dot_q2_k, dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k);
         }
     };
     (@wrap $feature:literal, $dot:ty, $($name:ident),*) => {
@@ -98,6 +98,7 @@ pub(crate) fn dot_fn(set: KernelSet, wty: GgmlType) -> Option<SimdDotFn> {
                 Q5_0 => $m::dot_q5_0,
                 Q5_1 => $m::dot_q5_1,
                 Q8_0 => $m::dot_q8_0,
+                MXFP4 => $m::dot_mxfp4,
                 Q2_K => $m::dot_q2_k,
                 Q3_K => $m::dot_q3_k,
                 Q4_K => $m::dot_q4_k,

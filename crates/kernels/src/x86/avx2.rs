@@ -3,11 +3,12 @@
 //! `n / block_size` blocks of their type (checked by `dispatch::Kernel::call`).
 //!
 //! K-quants compute the same exact i32 sums per super-block as `portable` and finish
-//! with the shared `kq_acc`, so they are bit-identical to it. The 32-blocks and the
+//! with the shared `kq_acc`, so they are bit-identical to it; so is MXFP4 (exact block
+//! sums, then portable's float steps in block order). The other 32-blocks and the
 //! float types accumulate in f32 vector lanes (FMA), so they agree with `portable`
 //! within a float bound (see tests).
 
-use crate::portable::{Q8K, f32_at, kq_acc, q3k_scales, scales_mins_k4};
+use crate::portable::{KVALUES_MXFP4, Q8K, e8m0_half, f32_at, kq_acc, q3k_scales, scales_mins_k4};
 use core::arch::x86_64::*;
 
 // ------------------------------------------------------------------ helpers
@@ -381,6 +382,117 @@ pub(crate) unsafe fn dot_q5_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 pub(crate) unsafe fn dot_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: block reads stay inside the n/32 blocks.
     unsafe { legacy_q8_0!(w, a, n, 34, |p| load256(p.add(2)), f16p(p)) }
+}
+
+/// MXFP4's sixteen values (ggml's `kvalues_mxfp4`, E2M1 doubled) in both 128-bit
+/// halves, for `vpshufb`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mxfp4_table() -> __m256i {
+    // SAFETY: the table has 16 bytes.
+    let t = unsafe { _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i) };
+    _mm256_broadcastsi128_si256(t)
+}
+
+/// The exact integer sum `Σ kvalues_mxfp4[nibble]·q` of one MXFP4 block (`x`, 17 bytes)
+/// against one Q8_0 block (`y`, 34 bytes), spread over eight i32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mxfp4_block(table: __m256i, x: *const u8, y: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees a whole block at each pointer.
+    unsafe {
+        let v = _mm256_shuffle_epi8(table, nibbles32(x.add(1)));
+        // |v| ≤ 12, so a `vpmaddubsw` pair is at most 2 · 12 · 128: exact.
+        mul_sum_i8(v, load256(y.add(2)))
+    }
+}
+
+/// The lane sums of eight blocks' i32x8: lane i of the result is `Σ s[i]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum_i32x8x8(s: [__m256i; 8]) -> __m256i {
+    // Per 128-bit half: [s0, s1, s2, s3] after two rounds (s4..s7 in `u1`); then the
+    // two halves of each are added.
+    let t0 = _mm256_hadd_epi32(s[0], s[1]);
+    let t1 = _mm256_hadd_epi32(s[2], s[3]);
+    let t2 = _mm256_hadd_epi32(s[4], s[5]);
+    let t3 = _mm256_hadd_epi32(s[6], s[7]);
+    let u0 = _mm256_hadd_epi32(t0, t1);
+    let u1 = _mm256_hadd_epi32(t2, t3);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(u0, u1, 0x20),
+        _mm256_permute2x128_si256(u0, u1, 0x31),
+    )
+}
+
+/// ggml's `GGML_E8M0_TO_FP32_HALF` on eight i32 lanes (each 0..=255): `(e − 1) << 23`,
+/// or the subnormals `0x0020_0000 << e` for e < 2. Exact, as the scalar one.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn e8m0_half8(e: __m256i) -> __m256 {
+    let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    let sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small))
+}
+
+/// # Safety
+/// avx2+fma+f16c; whole MXFP4 / Q8_0 blocks for `n`.
+///
+/// Bit-identical to `portable::dot_mxfp4`: each block's integer sum is exact, its
+/// scale `dy · e8m0_half(e)` and the product with the sum are the same f32 multiplies
+/// (eight blocks per vector), and the products are added to one f32 in block order.
+/// The additions are a serial chain (one per block); the integer sums of the next
+/// blocks run beside it.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_mxfp4(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / 32;
+    let (x, y) = (w.as_ptr(), a.as_ptr());
+    let mut acc = 0.0f32;
+    let mut b = 0;
+    // SAFETY: every block read is below nb (the caller's contract).
+    unsafe {
+        let table = mxfp4_table();
+        while b + 8 <= nb {
+            let (xb, yb) = (x.add(17 * b), y.add(34 * b));
+            let s = core::array::from_fn(|i| mxfp4_block(table, xb.add(17 * i), yb.add(34 * i)));
+            let sumi = _mm256_cvtepi32_ps(hsum_i32x8x8(s));
+            let dy = _mm256_cvtph_ps(_mm_setr_epi16(
+                (yb as *const i16).read_unaligned(),
+                (yb.add(34) as *const i16).read_unaligned(),
+                (yb.add(68) as *const i16).read_unaligned(),
+                (yb.add(102) as *const i16).read_unaligned(),
+                (yb.add(136) as *const i16).read_unaligned(),
+                (yb.add(170) as *const i16).read_unaligned(),
+                (yb.add(204) as *const i16).read_unaligned(),
+                (yb.add(238) as *const i16).read_unaligned(),
+            ));
+            let e = _mm256_setr_epi32(
+                *xb as i32,
+                *xb.add(17) as i32,
+                *xb.add(34) as i32,
+                *xb.add(51) as i32,
+                *xb.add(68) as i32,
+                *xb.add(85) as i32,
+                *xb.add(102) as i32,
+                *xb.add(119) as i32,
+            );
+            let d = _mm256_mul_ps(dy, e8m0_half8(e));
+            let mut prod = [0f32; 8];
+            _mm256_storeu_ps(prod.as_mut_ptr(), _mm256_mul_ps(d, sumi));
+            for p in prod {
+                acc += p;
+            }
+            b += 8;
+        }
+        while b < nb {
+            let (xb, yb) = (x.add(17 * b), y.add(34 * b));
+            let sumi = hsum_i32(mxfp4_block(table, xb, yb));
+            acc += (f16p(yb) * e8m0_half(*xb)) * sumi as f32;
+            b += 1;
+        }
+    }
+    acc
 }
 
 /// Shared loop over 32-blocks with a min against Q8_1 (unsigned weights).
