@@ -7,11 +7,15 @@
 //! line per ymm, two 8-row passes, 4 tokens per tile).
 //!
 //! Every layout holds the same information as the source blocks, in (almost) the same
-//! bytes: Q8_0, Q4_0, Q5_0 and Q6_K are exactly as large; Q4_K and Q5_K grow by 4 bytes per 256
-//! weights (its six-bit scales and mins are stored one byte each). The values are kept
-//! unsigned (Q8_0 as `q + 128`, Q4_0/Q5_0 and Q6_K before their `-8`/`-16`/`-32`), as
-//! `vpdpbusd` wants; the offset is taken back exactly in the integer sum by starting
-//! the accumulator at `-offset · Σ activation` (see `ActPrep`).
+//! bytes: Q8_0, Q4_0, Q5_0, MXFP4 and Q6_K are exactly as large; Q4_K and Q5_K grow by 4
+//! bytes per 256 weights (its six-bit scales and mins are stored one byte each). The
+//! values are kept unsigned (Q8_0 as `q + 128`, Q4_0/Q5_0 and Q6_K before their
+//! `-8`/`-16`/`-32`), as `vpdpbusd` wants; the offset is taken back exactly in the
+//! integer sum by starting the accumulator at `-offset · Σ activation` (see `ActPrep`).
+//! MXFP4 keeps its nibbles (as Q4_0) and its E8M0 exponent bytes; the kernels look each
+//! nibble up in `kvalues_mxfp4 + 12` (0..=24, one `vpshufb` / `tbl` per 64 weights) and
+//! take the 12 back the same way, and turn the exponents into ggml's
+//! `GGML_E8M0_TO_FP32_HALF` scales exactly.
 //!
 //! Numerics: the integer block sums are exact and the float steps are ggml's, in ggml's
 //! order, per lane; so the result is bit-identical to the portable `vec_dot` (the tests
@@ -38,6 +42,8 @@ pub(crate) fn sections(ty: GgmlType) -> Option<&'static [usize]> {
         GgmlType::Q8_0 => &[512, 32],
         // nibbles ([kk][row][4]: low = quad kk, high = quad kk + 4), d
         GgmlType::Q4_0 => &[256, 32],
+        // nibbles as Q4_0's, E8M0 exponents (16 × u8)
+        GgmlType::MXFP4 => &[256, 16],
         // nibbles, fifth bits (8 × u64: bit 4·row + i = bit 4k + i of qh), d
         GgmlType::Q5_0 => &[256, 64, 32],
         // nibbles ([c][kk][row][4]: low = sub-block 2c, high = 2c + 1), scales
@@ -308,6 +314,12 @@ fn pack_block(
             }
             out[at(1) + 2 * r..][..2].copy_from_slice(&src[0..2]);
         }
+        GgmlType::MXFP4 => {
+            for kk in 0..4 {
+                put4(out, 0, kk, four(1 + 4 * kk));
+            }
+            out[at(1) + r] = src[0];
+        }
         GgmlType::Q5_0 => {
             for kk in 0..4 {
                 put4(out, 0, kk, four(6 + 4 * kk));
@@ -458,6 +470,14 @@ fn unpack_block(
                 }
             }
         }
+        GgmlType::MXFP4 => {
+            dst[0] = g[at(1) + r];
+            for kk in 0..4 {
+                for i in 0..4 {
+                    dst[1 + 4 * kk + i] = g[lane(0, kk, i)];
+                }
+            }
+        }
         GgmlType::Q5_0 => {
             dst[0..2].copy_from_slice(&g[at(2) + 2 * r..][..2]);
             let mut qh = 0u32;
@@ -553,13 +573,34 @@ pub(crate) struct ActPrep {
 /// Q8_K block: f32 d, 256 × i8, 16 × i16 bsums.
 const Q8K_BYTES: usize = 292;
 
+/// What the packed MXFP4 kernels add to each `kvalues_mxfp4` value (≥ −12) so that the
+/// weights are unsigned.
+pub(crate) const MXFP4_OFFSET: i8 = 12;
+
+/// `kvalues_mxfp4[i] + MXFP4_OFFSET`: the unsigned weight of nibble `i` in the packed
+/// MXFP4 kernels (0..=24).
+// Read only by the x86-64 and aarch64 kernels.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) const MXFP4_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (crate::portable::KVALUES_MXFP4[i] + MXFP4_OFFSET) as u8;
+        i += 1;
+    }
+    t
+};
+
 /// Tokens per task when preparing the activations.
 const PREP_TOKENS: usize = 32;
 
 fn prep(ty: GgmlType, a: &QuantizedRows, tiles16: bool, pool: &ThreadPool) -> ActPrep {
     let rb = a.row_bytes();
     let (blocks, per) = match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => (a.cols / 32, 1),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::MXFP4 => (a.cols / 32, 1),
         GgmlType::Q6_K => (a.cols / 256, 16),
         _ => (a.cols / 256, 4),
     };
@@ -625,10 +666,11 @@ fn tile_rows16(a: &QuantizedRows, blocks: usize, pool: &ThreadPool) -> Vec<Line>
 /// The aux values of one activation block (see `ActPrep`).
 fn prep_block(ty: GgmlType, blk: &[u8], x: &mut [i32]) {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::MXFP4 => {
             let off = match ty {
                 GgmlType::Q8_0 => 128,
                 GgmlType::Q4_0 => 8,
+                GgmlType::MXFP4 => MXFP4_OFFSET as i32,
                 _ => 16,
             };
             let s: i32 = blk[2..34].iter().map(|&q| q as i8 as i32).sum();

@@ -1,6 +1,6 @@
 //! The packed (16-row interleaved) GEMM/GEMV of every packed kernel set this CPU runs
 //! (AMX, AVX-512 VNNI, AVX-VNNI, AVX2; NEON i8mm and dotprod) against the portable kernels: random blocks (every byte
-//! random, scales finite), every token-tile size and several group counts. The packed kernels form the same exact integer block sums and
+//! random, scales finite; MXFP4 also at every exponent byte), every token-tile size and several group counts. The packed kernels form the same exact integer block sums and
 //! the same float steps in the same order, so the results must be *equal*.
 
 use llamay_formats::{GgmlType, GgmlType::*};
@@ -13,7 +13,8 @@ fn f16_bytes(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_bits().to_le_bytes()
 }
 
-/// Random weight bytes with finite f16 scales (all other bytes random).
+/// Random weight bytes with finite f16 scales (all other bytes random). MXFP4's E8M0
+/// exponents: the two subnormal scales (0, 1), 2, or 100..160 (finite products).
 fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let ts = ty.type_size() as usize;
     let nb = rows * cols / ty.block_size() as usize;
@@ -21,17 +22,24 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
     let scales: &[usize] = match ty {
         Q4_K | Q5_K => &[0, 2],
         Q6_K => &[208],
+        MXFP4 => &[],
         _ => &[0],
     };
     for blk in w.chunks_exact_mut(ts) {
         for &at in scales {
             blk[at..at + 2].copy_from_slice(&f16_bytes(rng.f32() * 0.01));
         }
+        if ty == MXFP4 {
+            blk[0] = match rng.next() % 8 {
+                e @ 0..=2 => e as u8,
+                _ => 100 + (rng.next() % 60) as u8,
+            };
+        }
     }
     w
 }
 
-const PACKED: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K];
+const PACKED: &[GgmlType] = &[Q8_0, Q4_0, Q5_0, MXFP4, Q4_K, Q5_K, Q6_K];
 
 /// The sets with packed kernels that this CPU runs (possibly none).
 fn packed_sets() -> Vec<KernelSet> {
@@ -123,6 +131,7 @@ fn packed_matmul_equals_portable_at_extremes() {
             let scales: &[usize] = match ty {
                 Q4_K | Q5_K => &[0, 1, 2, 3],
                 Q6_K => &[208, 209],
+                MXFP4 => &[0],
                 _ => &[0, 1],
             };
             for blk in w.chunks_exact_mut(ts) {
@@ -143,6 +152,51 @@ fn packed_matmul_equals_portable_at_extremes() {
                     .map(|i| sign * if i % 32 == 5 { 0.9 } else { 1.0 })
                     .collect();
                 assert_packed_equals_portable(set, &p, &w, &x, n, &pool);
+            }
+        }
+    }
+}
+
+/// MXFP4 at every exponent byte (row r, block b: 16r + b), with activations large enough
+/// that the top exponents overflow and small enough that the bottom ones give subnormal
+/// scales and products: the packed bits are portable's (NaN where portable's is NaN).
+#[test]
+fn packed_mxfp4_equals_portable_at_every_exponent() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(0xE8);
+    let (rows, nb) = (16, 16);
+    let cols = 32 * nb;
+    let mut w = rng.bytes(rows * nb * 17);
+    for (i, blk) in w.chunks_exact_mut(17).enumerate() {
+        blk[0] = i as u8;
+    }
+    for set in packed_sets() {
+        let p = pack_with(set, MXFP4, &w, rows, cols, &pool).expect("MXFP4 packs");
+        for scale in [1e3f32, 1.0, 1e-3] {
+            for n in [1usize, 5, 16] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * scale).collect();
+                let a = quantize_rows(Q8_0, &x, cols, &pool);
+                let mut want = vec![0f32; n * rows];
+                matmul_with(
+                    KernelSet::Portable,
+                    MXFP4,
+                    &w,
+                    rows,
+                    cols,
+                    &a,
+                    &mut want,
+                    &pool,
+                );
+                let mut got = vec![0f32; n * rows];
+                matmul_packed(&p, &a, &mut got, &pool);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()),
+                        "{set:?} scale {scale} n {n}: token {} row {}: packed {g} vs portable {e}",
+                        i / rows,
+                        i % rows
+                    );
+                }
             }
         }
     }

@@ -5,7 +5,7 @@
 //! each over up to `TILE` tokens.
 //!
 //! Two sets share the bodies (generic over [`Dot4`]): `dotprod` (`sdot`, signed × signed:
-//! the unsigned stored weights fit i8 up to 6 bits, so not Q8_0) and `i8mm` (`usdot`,
+//! the unsigned weights fit i8 up to 6 bits and MXFP4's 0..=24, so not Q8_0) and `i8mm` (`usdot`,
 //! unsigned × signed, FEAT_I8MM: every packed format).
 //!
 //! Float steps follow `portable` exactly, per lane (separate multiply and add), so the
@@ -13,7 +13,8 @@
 //! `dispatch` found its set's features, which `packed::packable_with` guarantees.
 
 use super::kernels::{bits16, cvt_lo};
-use crate::packed::Tile;
+use crate::packed::{MXFP4_UNSIGNED, Tile};
+use crate::portable::e8m0_half;
 use core::arch::aarch64::*;
 use core::arch::asm;
 use llamay_formats::GgmlType;
@@ -117,6 +118,7 @@ unsafe fn tile_with<D: Dot4>(ty: GgmlType, m: usize, t: &Tile) {
         GgmlType::Q8_0 => by_m!(legacy, Q8_0),
         GgmlType::Q4_0 => by_m!(legacy, Q4_0),
         GgmlType::Q5_0 => by_m!(legacy, Q5_0),
+        GgmlType::MXFP4 => by_m!(legacy, MXFP4),
         GgmlType::Q4_K => by_m!(k45, false),
         GgmlType::Q5_K => by_m!(k45, true),
         GgmlType::Q6_K => by_m!(q6_k),
@@ -127,6 +129,7 @@ unsafe fn tile_with<D: Dot4>(ty: GgmlType, m: usize, t: &Tile) {
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
 const Q5_0: u8 = 2;
+const MXFP4: u8 = 3;
 
 /// Quarter `h` (rows 4h..4h+3) of the 64-byte line at `p`.
 #[inline(always)]
@@ -206,12 +209,16 @@ unsafe fn legacy_quad<const F: u8>(
         if F == Q5_0 {
             return add_fifth_bit(q, w.add(bits_at + b * 64 + k * 8), h);
         }
+        if F == MXFP4 {
+            return vqtbl1q_u8(vld1q_u8(MXFP4_UNSIGNED.as_ptr()), q);
+        }
         q
     }
 }
 
-/// Q8_0 / Q4_0 / Q5_0 against Q8_0 activations: per block
-/// `acc += (dw · dy) · Σ (q_w − off) q_a`, ggml's order.
+/// Q8_0 / Q4_0 / Q5_0 / MXFP4 against Q8_0 activations: per block
+/// `acc += (dw · dy) · Σ (q_w − off) q_a`, ggml's order (MXFP4: `dw` from the exponent
+/// byte, `dw · dy = dy · dw` exactly).
 #[inline(always)]
 unsafe fn legacy<D: Dot4, const T: usize, const F: u8>(p: &Tile, h: usize) {
     // SAFETY: every pointer below stays inside the group (nb blocks) and the T tokens'
@@ -230,7 +237,14 @@ unsafe fn legacy<D: Dot4, const T: usize, const F: u8>(p: &Tile, h: usize) {
                     *acc = D::dot4(*acc, w, av);
                 }
             }
-            let d = scales4(p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32), h);
+            let d = if F == MXFP4 {
+                // Quarter h of the sixteen exponent bytes, as ggml's scales (exact).
+                let e =
+                    std::ptr::read_unaligned(p.w.add(p.sec[1] + b * 16 + 4 * h) as *const [u8; 4]);
+                vld1q_f32(e.map(e8m0_half).as_ptr())
+            } else {
+                scales4(p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32), h)
+            };
             for (t, acc) in facc.iter_mut().enumerate() {
                 let s = vmulq_f32(d, vdupq_n_f32(*p.dy.add(t * p.prep_stride + b)));
                 *acc = vaddq_f32(*acc, vmulq_f32(s, vcvtq_f32_s32(iacc[t])));

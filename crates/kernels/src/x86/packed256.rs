@@ -17,7 +17,7 @@
 //! An entry may only be called when `dispatch` found its set's features (avx2, fma,
 //! f16c, and avxvnni for `vnni`), which `packed::packable_with` guarantees.
 
-use crate::packed::Tile;
+use crate::packed::{MXFP4_UNSIGNED, Tile};
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
@@ -227,6 +227,7 @@ unsafe fn tile_with<D: Dot>(ty: GgmlType, m: usize, t: &Tile) {
         GgmlType::Q8_0 => by_m!(2; legacy, Q8_0),
         GgmlType::Q4_0 => by_m!(2; legacy, Q4_0),
         GgmlType::Q5_0 => by_m!(2; legacy, Q5_0),
+        GgmlType::MXFP4 => by_m!(2; legacy, MXFP4),
         GgmlType::Q4_K => by_m!(1; k45, false),
         GgmlType::Q5_K => by_m!(1; k45, true),
         GgmlType::Q6_K => by_m!(2; q6_k),
@@ -237,6 +238,7 @@ unsafe fn tile_with<D: Dot>(ty: GgmlType, m: usize, t: &Tile) {
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
 const Q5_0: u8 = 2;
+const MXFP4: u8 = 3;
 
 /// Half `h` (rows 8h..8h+7) of the 64-byte line at `p`.
 #[inline(always)]
@@ -344,15 +346,20 @@ unsafe fn legacy_quad<const F: u8>(
         if F == Q5_0 {
             return add_fifth_bit(q, w.add(bits_at + b * 64 + k * 8), h);
         }
+        if F == MXFP4 {
+            let t = _mm_loadu_si128(MXFP4_UNSIGNED.as_ptr() as *const __m128i);
+            return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t), q);
+        }
         q
     }
 }
 
-/// Q8_0 / Q4_0 / Q5_0 against Q8_0 activations, as `packed512::legacy`; halves
-/// `h0..h0 + HS` of the group in one pass.
+/// Q8_0 / Q4_0 / Q5_0 / MXFP4 against Q8_0 activations, as `packed512::legacy`;
+/// halves `h0..h0 + HS` of the group in one pass.
 #[inline(always)]
 unsafe fn legacy<D: Dot, const T: usize, const F: u8, const HS: usize>(p: &Tile, h0: usize) {
-    // Quads per partial: a block's eight when the set sums in i32.
+    // Quads per partial: a block's eight when the set sums in i32. (MXFP4's unsigned
+    // weights reach 24: within five bits.)
     let fold = if D::WIDE {
         8
     } else {
@@ -403,8 +410,15 @@ unsafe fn legacy<D: Dot, const T: usize, const F: u8, const HS: usize>(p: &Tile,
                 }
             }
             for hh in 0..HS {
-                let at = p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32;
-                let d = scales8(p.w.add(at), h0 + hh);
+                let d = if F == MXFP4 {
+                    let e = bytes8::<false>(p.w.add(p.sec[1] + b * 16), h0 + hh);
+                    super::avx2::e8m0_half8(e)
+                } else {
+                    scales8(
+                        p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32),
+                        h0 + hh,
+                    )
+                };
                 for (t, acc) in facc[hh].iter_mut().enumerate() {
                     let s = _mm256_mul_ps(d, _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b)));
                     *acc = _mm256_add_ps(*acc, _mm256_mul_ps(s, _mm256_cvtepi32_ps(iacc[hh][t])));

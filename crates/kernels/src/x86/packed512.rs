@@ -9,7 +9,7 @@
 //! Every function here may only be called when `dispatch::hardware()` found avx2, fma,
 //! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
 
-use crate::packed::Tile;
+use crate::packed::{MXFP4_UNSIGNED, Tile};
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
@@ -42,6 +42,7 @@ pub(crate) unsafe fn tile(ty: GgmlType, m: usize, t: &Tile) {
         GgmlType::Q8_0 => by_m!(legacy, Q8_0),
         GgmlType::Q4_0 => by_m!(legacy, Q4_0),
         GgmlType::Q5_0 => by_m!(legacy, Q5_0),
+        GgmlType::MXFP4 => by_m!(legacy, MXFP4),
         GgmlType::Q4_K => by_m!(k45, false),
         GgmlType::Q5_K => by_m!(k45, true),
         GgmlType::Q6_K => by_m!(q6_k),
@@ -52,6 +53,7 @@ pub(crate) unsafe fn tile(ty: GgmlType, m: usize, t: &Tile) {
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
 const Q5_0: u8 = 2;
+const MXFP4: u8 = 3;
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
@@ -89,6 +91,19 @@ pub(crate) unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> __m512i {
     }
 }
 
+/// ggml's `GGML_E8M0_TO_FP32_HALF` of sixteen exponent bytes at `p`: `(e − 1) << 23`,
+/// or the subnormals `0x0020_0000 << e` for e < 2. Exact, as `portable::e8m0_half`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn e8m0_half16(p: *const u8) -> __m512 {
+    // SAFETY: caller guarantees 16 readable bytes at p.
+    let e = unsafe { bytes16::<false>(p) };
+    let normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    let sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+    let small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, sub))
+}
+
 /// The unsigned weights of quad `k` (elements 4k..4k+3 of each row) of block `b`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
@@ -109,12 +124,17 @@ unsafe fn legacy_quad<const F: u8>(w: *const u8, bits_at: usize, b: usize, k: us
             let bits = (w.add(bits_at + b * 64 + k * 8) as *const u64).read_unaligned();
             return _mm512_mask_add_epi8(q, bits, q, _mm512_set1_epi8(16));
         }
+        if F == MXFP4 {
+            let t = _mm_loadu_si128(MXFP4_UNSIGNED.as_ptr() as *const __m128i);
+            return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), q);
+        }
         q
     }
 }
 
-/// Q8_0 / Q4_0 / Q5_0 weights against Q8_0 activations: per block
-/// `acc += (dw · dy) · Σ (q_w − off) q_a`, ggml's order.
+/// Q8_0 / Q4_0 / Q5_0 / MXFP4 weights against Q8_0 activations: per block
+/// `acc += (dw · dy) · Σ (q_w − off) q_a`, ggml's order (MXFP4: `dw` from the exponent
+/// byte, `dw · dy = dy · dw` exactly).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
     let mut facc = [_mm512_setzero_ps(); T];
@@ -133,7 +153,11 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
                     *acc = _mm512_dpbusd_epi32(*acc, w, av);
                 }
             }
-            let d = scales16(p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32));
+            let d = if F == MXFP4 {
+                e8m0_half16(p.w.add(p.sec[1] + b * 16))
+            } else {
+                scales16(p.w.add(p.sec[if F == Q5_0 { 2 } else { 1 }] + b * 32))
+            };
             for (t, acc) in facc.iter_mut().enumerate() {
                 let s = _mm512_mul_ps(d, _mm512_set1_ps(*p.dy.add(t * p.prep_stride + b)));
                 *acc = _mm512_add_ps(*acc, _mm512_mul_ps(s, _mm512_cvtepi32_ps(iacc[t])));
