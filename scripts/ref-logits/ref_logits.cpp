@@ -17,6 +17,8 @@
 //       smallest gap, over every token and layer, between the k-th and (k+1)-th largest
 //       router logit (ffn_moe_logits-N, k = <arch>.expert_used_count): how far the
 //       fixture's routing is from a tie another implementation could break otherwise.
+//       A router with a bias (gpt-oss) picks by ffn_moe_logits_biased-N: its margin
+//       is measured there instead.
 //
 //   common options: --threads N (2)  --ctx N (512)  --batch N (512)  --ubatch N (512)
 //                   --kv f32|f16 (f32)  --fa off|on|auto (off)  --swa-full 0|1 (0)
@@ -110,24 +112,27 @@ static opts parse(int argc, char ** argv) {
 // Router margins seen by the eval callback (see the header).
 struct router_watch {
     int top_k = 0;
-    double margin = INFINITY;
-    long decisions = 0;
+    // [0]: unbiased router logits, [1]: biased ones (what a biased router picks by).
+    double margin[2] = {INFINITY, INFINITY};
+    long decisions[2] = {0, 0};
 };
 static router_watch g_router;
 
 static bool watch_router(struct ggml_tensor * t, bool ask, void *) {
-    const bool is_router = strncmp(t->name, "ffn_moe_logits-", 15) == 0;
-    if (ask) return is_router;
-    if (!is_router || t->type != GGML_TYPE_F32 || g_router.top_k <= 0) return true;
+    const bool plain = strncmp(t->name, "ffn_moe_logits-", 15) == 0;
+    const bool biased = strncmp(t->name, "ffn_moe_logits_biased-", 22) == 0;
+    if (ask) return plain || biased;
+    if (!(plain || biased) || t->type != GGML_TYPE_F32 || g_router.top_k <= 0) return true;
     const int64_t n_exp = t->ne[0], n_tok = t->ne[1];
     if (g_router.top_k >= n_exp) return true;
     std::vector<float> v((size_t) n_exp * n_tok);
     ggml_backend_tensor_get(t, v.data(), 0, v.size() * sizeof(float));
+    const int w = biased ? 1 : 0;
     for (int64_t j = 0; j < n_tok; j++) {
         std::vector<float> col(v.begin() + j * n_exp, v.begin() + (j + 1) * n_exp);
         std::sort(col.begin(), col.end(), std::greater<float>());
-        g_router.margin = std::min(g_router.margin, (double) col[g_router.top_k - 1] - col[g_router.top_k]);
-        g_router.decisions++;
+        g_router.margin[w] = std::min(g_router.margin[w], (double) col[g_router.top_k - 1] - col[g_router.top_k]);
+        g_router.decisions[w]++;
     }
     return true;
 }
@@ -248,9 +253,10 @@ static int run_logits(llama_model * model, const opts & o) {
     // x86-64 and aarch64 are little-endian: the in-memory floats are the file format.
     fwrite(all.data(), sizeof(float), all.size(), f);
     fclose(f);
-    if (g_router.decisions > 0) {
+    const int w = g_router.decisions[1] > 0 ? 1 : 0;
+    if (g_router.decisions[w] > 0) {
         printf("{\"n_tokens\": %d, \"n_vocab\": %d, \"router_margin\": %.6g, \"router_decisions\": %ld}\n",
-               n, n_vocab, g_router.margin, g_router.decisions);
+               n, n_vocab, g_router.margin[w], g_router.decisions[w]);
     } else {
         printf("{\"n_tokens\": %d, \"n_vocab\": %d}\n", n, n_vocab);
     }

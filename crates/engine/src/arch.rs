@@ -35,6 +35,9 @@ pub enum FfnKind {
     Gelu,
     /// Phi-3: `ffn_up` holds gate and up stacked; down(silu(first half) * second half)
     SwiGluStacked,
+    /// gpt-oss's clipped SwiGLU (ggml's `swiglu_oai`, α = 1.702, limit 7):
+    /// down(g·σ(α·g) · (u + 1)) with g = min(gate(x), 7), u = clamp(up(x), −7, 7).
+    SwiGluOai,
 }
 
 /// How a router's logits become the weights of the experts it picks (llama.cpp's
@@ -43,6 +46,9 @@ pub enum FfnKind {
 pub enum Gating {
     /// Softmax over every expert, then the top k by probability.
     Softmax,
+    /// The top k by raw logit, then a softmax over those k alone (`SOFTMAX_WEIGHT`:
+    /// gpt-oss).
+    SoftmaxOfTopK,
 }
 
 /// A mixture of experts in place of the dense feed-forward network: a router picks
@@ -58,6 +64,9 @@ pub struct MoeSpec {
     /// A shared expert every token runs, scaled by sigmoid(`ffn_gate_inp_shexp` · x),
     /// `expert_shared_feed_forward_length` wide (else feed_forward_length): Qwen2-MoE.
     pub shared_expert: bool,
+    /// The router (`ffn_gate_inp.bias`) and every expert projection
+    /// (`ffn_{gate,up,down}_exps.bias`, one row per expert) have biases: gpt-oss.
+    pub biases: bool,
 }
 
 /// Whether a family's feed-forward network is a mixture of experts.
@@ -133,6 +142,19 @@ pub enum SwaPattern {
     LastOfGroup(u32),
 }
 
+/// How the sliding-window layers rope (when a row has them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwaRope {
+    /// As the global layers (any `rope.freq_base_swa` key is ignored, as llama.cpp's
+    /// loader does for these families).
+    Same,
+    /// As the global layers, scaling included, but with the file's
+    /// `rope.freq_base_swa` as base where it has one (gpt-oss).
+    SameUnlessBaseKey,
+    /// Their own base (`rope.freq_base_swa`, default 10000), never scaled (Gemma 3).
+    OwnBaseUnscaled,
+}
+
 /// Where Q, K and V come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkvLayout {
@@ -166,8 +188,13 @@ pub struct ArchSpec {
     pub swa: SwaPattern,
     /// Learned absolute position embeddings (`position_embd`), GPT-2.
     pub learned_positions: bool,
-    /// Gemma 3: local (sliding) layers use `rope.freq_base_swa`, default 10000.
-    pub swa_rope_base: bool,
+    pub swa_rope: SwaRope,
+    /// The norm before a sequential block's feed-forward network (`blk.N.<name>`):
+    /// `ffn_norm`, or gpt-oss's `post_attention_norm`.
+    pub ffn_norm: &'static str,
+    /// A learned per-head logit in every softmax's denominator (`attn_sinks`,
+    /// `[n_head]`), which takes weight from the keys and gives no value: gpt-oss.
+    pub attn_sinks: bool,
     /// Attention scale is 1/sqrt(key_length) (Gemma: query_pre_attn_scalar).
     pub scale_by_key_length: bool,
     pub output: Output,
@@ -187,7 +214,9 @@ const BASE: ArchSpec = ArchSpec {
     post_norms: false,
     swa: SwaPattern::None,
     learned_positions: false,
-    swa_rope_base: false,
+    swa_rope: SwaRope::Same,
+    ffn_norm: "ffn_norm",
+    attn_sinks: false,
     scale_by_key_length: false,
     output: Output::Logits,
 };
@@ -202,6 +231,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
             normalize_weights: true,
             width_key: false,
             shared_expert: false,
+            biases: false,
         }),
         ..BASE
     },
@@ -237,6 +267,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
             normalize_weights: false,
             width_key: true,
             shared_expert: true,
+            biases: false,
         }),
         ..BASE
     },
@@ -250,6 +281,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
             normalize_weights: true,
             width_key: true,
             shared_expert: false,
+            biases: false,
         }),
         ..BASE
     },
@@ -282,7 +314,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         embed_scale_sqrt: true,
         post_norms: true,
         swa: SwaPattern::LastOfGroup(6),
-        swa_rope_base: true,
+        swa_rope: SwaRope::OwnBaseUnscaled,
         scale_by_key_length: true,
         ..BASE
     },
@@ -344,6 +376,24 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         ..BASE
     },
     ArchSpec {
+        name: "gpt-oss",
+        covers: "gpt-oss 20B/120B (MXFP4 experts, attention sinks, alternating sliding window)",
+        rope: RopeStyle::Neox,
+        ffn: FfnKind::SwiGluOai,
+        experts: Experts::Always(MoeSpec {
+            gating: Gating::SoftmaxOfTopK,
+            normalize_weights: false,
+            width_key: true,
+            shared_expert: false,
+            biases: true,
+        }),
+        swa: SwaPattern::LastOfGroup(2),
+        swa_rope: SwaRope::SameUnlessBaseKey,
+        ffn_norm: "post_attention_norm",
+        attn_sinks: true,
+        ..BASE
+    },
+    ArchSpec {
         name: "phi2",
         covers: "Phi-2",
         norm: NormKind::Layer,
@@ -356,10 +406,6 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
 
 /// Families refused by name, with the reason.
 pub const REFUSED: &[(&str, &str)] = &[
-    (
-        "gpt-oss",
-        "not implemented yet: its attention sinks, MXFP4 experts with biases, clipped SwiGLU and alternating sliding-window layers have no path here",
-    ),
     (
         "azmx-ocr",
         "the seeds name only a CTC head over a script alphabet: no tensor names, shapes, alphabet or blank-index keys, and no public file to read them off; a layout invented here would match no real file (its encoder graph is out of scope as well)",

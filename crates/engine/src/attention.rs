@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 
 /// What one layer's attention computes.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Shape {
+pub(crate) struct Shape<'s> {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim_k: usize,
@@ -35,6 +35,9 @@ pub(crate) struct Shape {
     pub softcap: Option<f32>,
     /// Sliding window: a token at position `p` sees positions `p + 1 - w ..= p`.
     pub window: Option<usize>,
+    /// Attention sinks (gpt-oss): one logit per head, already scaled, that joins each
+    /// of its rows' softmax denominators and adds no value.
+    pub sinks: Option<&'s [f32]>,
 }
 
 /// How the work is cut. Results are bit-identical for every `block` and every pool;
@@ -80,7 +83,7 @@ struct Block {
 
 impl Block {
     /// KV positions any of its tokens sees.
-    fn range(&self, shape: &Shape) -> (usize, usize) {
+    fn range(&self, shape: &Shape<'_>) -> (usize, usize) {
         (first(self.pos0, shape.window), self.end)
     }
 
@@ -173,7 +176,7 @@ struct Partial {
 /// keys and values for the batch are already written). `q` is `batch.len() × n_head ×
 /// head_dim_k`; returns `batch.len() × n_head × head_dim_v`.
 pub(crate) fn attention(
-    shape: &Shape,
+    shape: &Shape<'_>,
     views: &[LayerKv<'_>],
     batch: &[Slot],
     q: &[f32],
@@ -183,7 +186,7 @@ pub(crate) fn attention(
 }
 
 pub(crate) fn attention_with(
-    shape: &Shape,
+    shape: &Shape<'_>,
     tuning: &Tuning,
     views: &[LayerKv<'_>],
     batch: &[Slot],
@@ -273,7 +276,8 @@ pub(crate) fn attention_with(
                 for g in 0..group {
                     let r = i * group + g;
                     let head = kvh * group + g;
-                    p.normalise_row(r, hv, &mut row[head * hv..(head + 1) * hv]);
+                    let sink = shape.sinks.map(|s| s[head]);
+                    p.normalise_row(r, hv, sink, &mut row[head * hv..(head + 1) * hv]);
                 }
             }
         }
@@ -315,20 +319,31 @@ impl Partial {
         axpy_f32(acc, b, pacc);
     }
 
-    /// Row `r`'s output (`o`, zero on entry): the weighted sum over the total weight.
-    fn normalise_row(&self, r: usize, hv: usize, o: &mut [f32]) {
-        let l = self.l[r];
+    /// Row `r`'s output (`o`, zero on entry): the weighted sum over the total weight,
+    /// a sink's weight included (as ggml adds it, after the keys: when it exceeds the
+    /// running maximum, the sum so far is rescaled to it).
+    fn normalise_row(&self, r: usize, hv: usize, sink: Option<f32>, o: &mut [f32]) {
+        let (m, mut l) = (self.m[r], self.l[r]);
+        let mut rescale = 1.0;
+        if let Some(s) = sink {
+            if s > m {
+                rescale = (m - s).exp();
+                l = l * rescale + 1.0;
+            } else {
+                l += (s - m).exp();
+            }
+        }
         if l == 0.0 {
             return;
         }
-        axpy_f32(o, 1.0 / l, &self.acc[r * hv..(r + 1) * hv]);
+        axpy_f32(o, rescale / l, &self.acc[r * hv..(r + 1) * hv]);
     }
 }
 
 /// One task: the query rows of `block` whose heads share KV head `kvh`, over KV
 /// positions `range` (each row limited to the positions it sees).
 fn run_task(
-    shape: &Shape,
+    shape: &Shape<'_>,
     kv: &LayerKv<'_>,
     q: &[f32],
     block: &Block,
@@ -440,7 +455,7 @@ mod tests {
 
     /// Plain attention in f64 over the cache's (rounded) keys and values, the query
     /// rounded as the cache's score product reads it.
-    fn reference(shape: &Shape, views: &[LayerKv<'_>], batch: &[Slot], q: &[f32]) -> Vec<f64> {
+    fn reference(shape: &Shape<'_>, views: &[LayerKv<'_>], batch: &[Slot], q: &[f32]) -> Vec<f64> {
         let (nh, hk, hv) = (shape.n_head, shape.head_dim_k, shape.head_dim_v);
         let group = nh / shape.n_head_kv;
         let mut out = vec![0f64; batch.len() * nh * hv];
@@ -479,9 +494,14 @@ mod tests {
                         }
                     })
                     .collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sink = shape.sinks.map(|s| f64::from(s[head]));
+                let max = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
+                let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 let o = &mut out[(t * nh + head) * hv..(t * nh + head + 1) * hv];
                 for (p, w) in (lo..n).zip(&e) {
                     let v = &values[p * vs + kvh * hv..p * vs + (kvh + 1) * hv];
@@ -529,8 +549,15 @@ mod tests {
         prior: usize,
         new: usize,
         precision: KvPrecision,
-        bidirectional: bool,
+        mode: Mode,
     ) {
+        let mut rng = Rng(seed);
+        // Sinks from well below to well above the scores (|score| ≲ 6 here), so both of
+        // the final step's branches run.
+        let sinks: Vec<f32> = (0..nh)
+            .map(|h| 8.0 * (h as f32 / nh as f32) - 4.0 + rng.f())
+            .collect();
+        let bidirectional = mode == Mode::Bidirectional;
         let shape = Shape {
             n_head: nh,
             n_head_kv: nkv,
@@ -539,8 +566,8 @@ mod tests {
             scale: 1.5 / (hk as f32).sqrt(),
             softcap,
             window,
+            sinks: (mode == Mode::Sinks).then_some(&sinks[..]),
         };
-        let mut rng = Rng(seed);
         let (kd, vd) = (nkv * hk, nkv * hv);
         let n_layer = 2;
         let il = 1;
@@ -614,7 +641,7 @@ mod tests {
                             err < 1e-5,
                             "row {r}: {x} vs {y} (rel {err:e}); {tuning:?}, {} threads, \
                              heads {nh}/{nkv}, window {window:?}, softcap {softcap:?}, \
-                             {precision:?}",
+                             {precision:?}, {mode:?}",
                             tp.n_threads()
                         );
                     }
@@ -623,29 +650,57 @@ mod tests {
         }
     }
 
+    /// What a `case` adds to causal attention.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Mode {
+        Causal,
+        /// Every token of a sequence sees all of it (an encoder).
+        Bidirectional,
+        /// Causal, with a sink logit per head (gpt-oss).
+        Sinks,
+    }
+
     #[test]
     fn flash_and_split_paths_match_plain_attention() {
         use KvPrecision::{F16, F32, Q8, Vq8};
+        use Mode::{Bidirectional, Causal, Sinks};
         // Prefill on an empty cache, GQA 4:1, differing K and V head sizes.
-        case(1, 4, 1, 32, 16, None, None, 0, 40, F32, false);
+        case(1, 4, 1, 32, 16, None, None, 0, 40, F32, Causal);
         // Prefill after context, sliding window shorter than the batch, soft-cap.
-        case(2, 8, 2, 16, 16, Some(7), Some(3.0), 30, 23, F32, false);
-        case(3, 2, 2, 24, 24, Some(50), None, 60, 9, F16, false);
+        case(2, 8, 2, 16, 16, Some(7), Some(3.0), 30, 23, F32, Causal);
+        case(3, 2, 2, 24, 24, Some(50), None, 60, 9, F16, Causal);
         // Decode of one token at long context (the split path), with and without
         // a window, f16 and f32.
-        case(4, 4, 1, 64, 64, None, None, 700, 1, F16, false);
-        case(5, 4, 1, 64, 64, Some(300), Some(50.0), 700, 1, F32, false);
-        case(6, 6, 3, 8, 8, None, Some(1.0), 333, 2, F16, false);
+        case(4, 4, 1, 64, 64, None, None, 700, 1, F16, Causal);
+        case(5, 4, 1, 64, 64, Some(300), Some(50.0), 700, 1, F32, Causal);
+        case(6, 6, 3, 8, 8, None, Some(1.0), 333, 2, F16, Causal);
         // int8 values, and int8 keys with the integer score product: prefill and the
         // split decode path.
-        case(7, 4, 2, 32, 64, Some(20), None, 30, 23, Vq8, false);
-        case(8, 8, 2, 64, 32, None, Some(30.0), 100, 40, Q8, false);
-        case(9, 4, 1, 64, 64, Some(300), None, 700, 1, Q8, false);
+        case(7, 4, 2, 32, 64, Some(20), None, 30, 23, Vq8, Causal);
+        case(8, 8, 2, 64, 32, None, Some(30.0), 100, 40, Q8, Causal);
+        case(9, 4, 1, 64, 64, Some(300), None, 700, 1, Q8, Causal);
         // Bidirectional (an encoder): every token of a sequence sees all of it,
         // short and past a segment, f32 and f16.
-        case(10, 4, 4, 32, 32, None, None, 0, 40, F32, true);
-        case(11, 8, 2, 16, 16, None, Some(5.0), 0, 600, F16, true);
-        case(12, 2, 1, 64, 64, None, None, 0, 3, F32, true);
+        case(10, 4, 4, 32, 32, None, None, 0, 40, F32, Bidirectional);
+        case(
+            11,
+            8,
+            2,
+            16,
+            16,
+            None,
+            Some(5.0),
+            0,
+            600,
+            F16,
+            Bidirectional,
+        );
+        case(12, 2, 1, 64, 64, None, None, 0, 3, F32, Bidirectional);
+        // Sinks: prefill with a window (gpt-oss's sliding layers), the split decode
+        // path at depth, f16 and int8 keys.
+        case(13, 8, 2, 64, 64, Some(16), None, 30, 23, F32, Sinks);
+        case(14, 4, 1, 64, 64, None, None, 700, 1, F16, Sinks);
+        case(15, 8, 2, 64, 64, Some(128), None, 300, 9, Q8, Sinks);
     }
 
     #[test]
@@ -658,6 +713,7 @@ mod tests {
             scale: 1.0,
             softcap: None,
             window: None,
+            sinks: None,
         };
         let at = |pos: usize, n: usize| {
             let batch: Vec<Slot> = (pos..pos + n).map(|pos| Slot::causal(0, pos)).collect();
@@ -669,7 +725,7 @@ mod tests {
         };
         assert_eq!(at(4095, 1)[0].range(&shape), (0, 4096));
         assert_eq!(at(4095, 1)[0].range(&local), (3584, 4096));
-        let count = |b: &[Block], sh: &Shape| {
+        let count = |b: &[Block], sh: &Shape<'_>| {
             let (lo, hi) = b[0].range(sh);
             segments(lo, hi, TUNING.segment).count()
         };
@@ -690,7 +746,7 @@ mod tests {
     /// softmax, then one axpy per value, over f32 keys and values, split over
     /// (token, head) pairs. Kept here only as the timing baseline of `bench`.
     fn previous(
-        shape: &Shape,
+        shape: &Shape<'_>,
         keys: &[f32],
         values: &[f32],
         batch: &[Slot],
@@ -812,6 +868,7 @@ mod tests {
                     scale: 0.0625,
                     softcap: None,
                     window,
+                    sinks: None,
                 };
                 let batch: Vec<Slot> = (depth..depth + len)
                     .map(|pos| Slot::causal(0, pos))

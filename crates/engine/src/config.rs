@@ -3,7 +3,7 @@
 //! module is where it does.
 
 use crate::LoadError;
-use crate::arch::{ArchSpec, Experts, MoeSpec, NormKind, Output, SwaPattern};
+use crate::arch::{ArchSpec, Experts, MoeSpec, NormKind, Output, SwaPattern, SwaRope};
 use crate::rope::{RopeParams, RopeScaling};
 use llamay_gguf::{Metadata, Model as Gguf, Value};
 
@@ -351,13 +351,24 @@ impl Config {
             attn_factor,
             n_ctx_orig,
         );
-        // Gemma 3's sliding layers have their own base and are never scaled (llama.cpp:
-        // rope_freq_base/scale_train_swa); elsewhere every layer ropes alike.
-        let rope_swa = if arch.swa_rope_base {
-            let base = k.positive("rope.freq_base_swa")?.unwrap_or(10_000.0);
-            RopeParams::new(n_rot, base, 1.0, rope_scaling, attn_factor, n_ctx_orig)
-        } else {
-            rope
+        // llama.cpp's rope_freq_base/scale_train_swa, as each family's loader sets them.
+        let rope_swa = match arch.swa_rope {
+            SwaRope::Same => rope,
+            SwaRope::SameUnlessBaseKey => match k.positive("rope.freq_base_swa")? {
+                Some(base) => RopeParams::new(
+                    n_rot,
+                    base,
+                    rope_scaling.freq_scale(),
+                    rope_scaling,
+                    attn_factor,
+                    n_ctx_orig,
+                ),
+                None => rope,
+            },
+            SwaRope::OwnBaseUnscaled => {
+                let base = k.positive("rope.freq_base_swa")?.unwrap_or(10_000.0);
+                RopeParams::new(n_rot, base, 1.0, rope_scaling, attn_factor, n_ctx_orig)
+            }
         };
 
         let n_swa = match arch.swa {

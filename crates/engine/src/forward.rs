@@ -7,7 +7,7 @@ use crate::batch::{BatchToken, Hidden, Logits};
 use crate::context::Context;
 use crate::kv::{LayerKv, SeqId};
 use crate::moe::{self, MoeScratch};
-use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm};
+use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm, swiglu_oai};
 use crate::rope::{self, RopeParams};
 use crate::tensor::matmul_quantized;
 use crate::weights::{DenseFfn, Ffn, FfnInput, HeadNorm, Linear, Norm};
@@ -405,7 +405,8 @@ impl Context<'_> {
             }
 
             let views: Vec<_> = seqs.iter().map(|&q| self.kv.layer(q, il)).collect();
-            let attn = model.attention(&views, &slots, &s.q, swa, threads);
+            let sinks = layer.attn_sinks.as_deref();
+            let attn = model.attention(&views, &slots, &s.q, swa, sinks, threads);
             linear(&layer.attn_out, &attn, &mut s.act, &mut s.o, threads);
             if let Some(w) = &layer.post_attn_norm {
                 rms_rows(&mut s.o, w, cfg.norm_eps, e, threads);
@@ -498,19 +499,24 @@ pub(crate) fn dense_ffn(
     threads: &ThreadPool,
 ) {
     match (kind, &ffn.gate) {
-        (FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu, Some(gate)) => {
+        (
+            FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu | FfnKind::SwiGluOai,
+            Some(gate),
+        ) => {
             let outs: &mut [&mut Vec<f32>] = &mut [&mut f.up, &mut f.gate];
             linears(&[&ffn.up, gate], h, act, outs, threads);
             let (up, g) = (&mut f.up, &f.gate);
-            if kind == FfnKind::GeGlu {
+            match kind {
                 // up *= gelu(g), a piece per task (GELU works in place).
-                threads.for_each_chunk_mut(up, ELEMS_PER_TASK, |i, u| {
+                FfnKind::GeGlu => threads.for_each_chunk_mut(up, ELEMS_PER_TASK, |i, u| {
                     let mut gi = g[i * ELEMS_PER_TASK..][..u.len()].to_vec();
                     gelu_slice(&mut gi);
                     u.iter_mut().zip(&gi).for_each(|(u, g)| *u *= g);
-                });
-            } else {
-                llamay_kernels::swiglu(up, g, threads);
+                }),
+                FfnKind::SwiGluOai => threads.for_each_chunk_mut(up, ELEMS_PER_TASK, |i, u| {
+                    swiglu_oai(u, &g[i * ELEMS_PER_TASK..][..u.len()]);
+                }),
+                _ => llamay_kernels::swiglu(up, g, threads),
             }
         }
         (FfnKind::Gelu, _) => {
@@ -558,6 +564,7 @@ impl Model<'_> {
         slots: &[Slot],
         q: &[f32],
         swa: bool,
+        sinks: Option<&[f32]>,
         pool: &ThreadPool,
     ) -> Vec<f32> {
         let cfg = &self.config;
@@ -569,6 +576,7 @@ impl Model<'_> {
             scale: cfg.attn_scale,
             softcap: cfg.attn_softcap,
             window: (swa && cfg.n_swa > 0).then_some(cfg.n_swa),
+            sinks,
         };
         attention::attention(&shape, views, slots, q, pool)
     }

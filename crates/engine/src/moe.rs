@@ -54,16 +54,25 @@ pub(crate) fn route(logits: &[f32], cfg: &MoeConfig) -> Routes {
     };
     let mut probs = vec![0f32; n_expert];
     let mut order: Vec<usize> = Vec::with_capacity(n_expert);
+    let mut w = vec![0f32; k];
     for row in logits.chunks_exact(n_expert) {
+        // What the top k is taken of: probabilities, or (SoftmaxOfTopK) the logits.
         match cfg.spec.gating {
             Gating::Softmax => softmax(row, &mut probs),
+            Gating::SoftmaxOfTopK => probs.copy_from_slice(row),
         }
         order.clear();
         order.extend(0..n_expert);
-        // Highest first; equal probabilities keep the lower index first.
+        // Highest first; equal values keep the lower index first.
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
         let picked = &order[..k];
-        let mut w: Vec<f32> = picked.iter().map(|&e| probs[e]).collect();
+        match cfg.spec.gating {
+            Gating::Softmax => w.iter_mut().zip(picked).for_each(|(w, &e)| *w = probs[e]),
+            Gating::SoftmaxOfTopK => {
+                let top: Vec<f32> = picked.iter().map(|&e| row[e]).collect();
+                softmax(&top, &mut w);
+            }
+        }
         if cfg.spec.normalize_weights {
             let sum = w.iter().sum::<f32>().max(MIN_WEIGHT_SUM);
             w.iter_mut().for_each(|x| *x /= sum);
@@ -157,6 +166,7 @@ mod tests {
                 normalize_weights: normalize,
                 width_key: true,
                 shared_expert: false,
+                biases: false,
             },
             n_expert: 4,
             n_expert_used: 2,
@@ -182,6 +192,20 @@ mod tests {
             p(&logits[4..], 1),
         ];
         for (g, w) in r.weight.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn softmax_of_top_k_picks_by_logit_and_weighs_the_picked_alone() {
+        let mut c = cfg(false);
+        c.spec.gating = Gating::SoftmaxOfTopK;
+        let logits = [1.0, -2.0, 3.0, 0.5, -1.0, 2.0, 0.0, 4.0];
+        let r = route(&logits, &c);
+        assert_eq!(r.expert, [2, 0, 3, 1]);
+        // softmax over (3, 1) and over (4, 2): the others take no weight.
+        let hi = 1.0 / (1.0 + (-2.0f32).exp());
+        for (g, w) in r.weight.iter().zip([hi, 1.0 - hi, hi, 1.0 - hi]) {
             assert!((g - w).abs() < 1e-6, "{g} vs {w}");
         }
     }

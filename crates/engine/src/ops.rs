@@ -91,6 +91,18 @@ pub fn gelu_slice(x: &mut [f32]) {
     }
 }
 
+/// gpt-oss's clipped SwiGLU, ggml's `swiglu_oai` (α = 1.702, limit 7), in place:
+/// `up[i] = g·σ(α·g) · (u + 1)` with g = min(gate[i], 7) and u = clamp(up[i], −7, 7).
+pub fn swiglu_oai(up: &mut [f32], gate: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (u, &g) in up.iter_mut().zip(gate) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        *u = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

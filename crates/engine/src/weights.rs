@@ -45,6 +45,8 @@ pub struct Layer<'a> {
     pub q_norm: Option<HeadNorm>,
     pub k_norm: Option<HeadNorm>,
     pub attn_out: Linear<'a>,
+    /// Attention sinks: one logit per head (gpt-oss).
+    pub attn_sinks: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_input: FfnInput,
     pub ffn: Ffn<'a>,
@@ -258,6 +260,25 @@ impl<'a> Binder<'_, 'a> {
             .collect())
     }
 
+    /// A stacked bias `name` of shape [rows, n]: one `rows`-long bias per expert.
+    fn stacked_bias(
+        &mut self,
+        name: &str,
+        rows: usize,
+        n: usize,
+    ) -> Result<Vec<Option<Vec<f32>>>, LoadError> {
+        let shape = self.require(name)?.shape.clone();
+        if shape != [rows as u64, n as u64] {
+            return Err(LoadError::Shape(format!(
+                "tensor '{name}' has shape {shape:?}, expected [{rows}, {n}]"
+            )));
+        }
+        let all = Some(self.vector(name, rows * n)?);
+        Ok((0..n)
+            .map(|i| split_bias(&all, i * rows..(i + 1) * rows))
+            .collect())
+    }
+
     /// A layer's dense feed-forward network (`ffn_gate`, `ffn_up`, `ffn_down`).
     fn dense_ffn(
         &mut self,
@@ -268,7 +289,7 @@ impl<'a> Binder<'_, 'a> {
     ) -> Result<DenseFfn<'a>, LoadError> {
         let p = |s: &str| format!("blk.{il}.{s}");
         let (gate, up) = match kind {
-            FfnKind::SwiGlu | FfnKind::GeGlu => (
+            FfnKind::SwiGlu | FfnKind::GeGlu | FfnKind::SwiGluOai => (
                 Some(self.linear(&p("ffn_gate"), e, n_ff)?),
                 self.linear(&p("ffn_up"), e, n_ff)?,
             ),
@@ -290,16 +311,29 @@ impl<'a> Binder<'_, 'a> {
     fn moe(&mut self, il: usize, n_embd: usize, m: &MoeConfig) -> Result<MoeFfn<'a>, LoadError> {
         let p = |s: &str| format!("blk.{il}.{s}");
         let (e, ff, n) = (n_embd, m.n_ff_exp, m.n_expert);
-        // No bias: llama.cpp's loaders have none for these routers, so one is unbound.
-        let router = Linear::new(self.matrix(&p("ffn_gate_inp.weight"), e, n)?, None);
-        let gates = self.stacked(&p("ffn_gate_exps.weight"), e, ff, n)?;
-        let ups = self.stacked(&p("ffn_up_exps.weight"), e, ff, n)?;
-        let downs = self.stacked(&p("ffn_down_exps.weight"), ff, e, n)?;
-        let experts = (gates.into_iter().zip(ups).zip(downs))
-            .map(|((g, u), d)| DenseFfn {
-                gate: Some(Linear::new(g, None)),
-                up: Linear::new(u, None),
-                down: Linear::new(d, None),
+        // Biases where the row has them, required then (gpt-oss); elsewhere llama.cpp's
+        // loaders have none, so one in the file is unbound and refused.
+        let biased = m.spec.biases;
+        let router_b = biased
+            .then(|| self.vector(&p("ffn_gate_inp.bias"), n))
+            .transpose()?;
+        let router = Linear::new(self.matrix(&p("ffn_gate_inp.weight"), e, n)?, router_b);
+        let stacked = |b: &mut Self, s: &str, cols, rows| {
+            let ws = b.stacked(&p(&format!("{s}.weight")), cols, rows, n)?;
+            let bs = match biased {
+                true => b.stacked_bias(&p(&format!("{s}.bias")), rows, n)?,
+                false => vec![None; n],
+            };
+            Ok::<_, LoadError>(ws.into_iter().zip(bs).map(|(w, b)| Linear::new(w, b)))
+        };
+        let gates = stacked(self, "ffn_gate_exps", e, ff)?;
+        let ups = stacked(self, "ffn_up_exps", e, ff)?;
+        let downs = stacked(self, "ffn_down_exps", ff, e)?;
+        let experts = (gates.zip(ups).zip(downs))
+            .map(|((gate, up), down)| DenseFfn {
+                gate: Some(gate),
+                up,
+                down,
             })
             .collect();
         let shared = if m.spec.shared_expert {
@@ -518,6 +552,9 @@ impl<'a> Weights<'a> {
             let (q, k, v) = b.qkv(il, arch.qkv, e, [qd, kd, vd])?;
             let (q_norm, k_norm) = b.qk_norms(il, arch.qk_norm, cfg)?;
             let attn_out = b.linear(&p("attn_output"), cfg.n_head * cfg.head_dim_v, e)?;
+            let attn_sinks = (arch.attn_sinks)
+                .then(|| b.vector(&p("attn_sinks.weight"), cfg.n_head))
+                .transpose()?;
             let post_attn_norm = if arch.post_norms {
                 Some(b.vector(&p("post_attention_norm.weight"), e)?)
             } else {
@@ -525,7 +562,7 @@ impl<'a> Weights<'a> {
             };
             let (attn_norm, ffn_input) = match arch.residual {
                 Residual::Sequential => {
-                    let n = b.norm(&p("ffn_norm"), arch.norm, e)?;
+                    let n = b.norm(&p(arch.ffn_norm), arch.norm, e)?;
                     (attn_norm, FfnInput::AfterAttention(n))
                 }
                 Residual::SequentialIfFfnNorm => match b.opt_norm(&p("ffn_norm"), arch.norm, e)? {
@@ -566,6 +603,7 @@ impl<'a> Weights<'a> {
                 q_norm,
                 k_norm,
                 attn_out,
+                attn_sinks,
                 post_attn_norm,
                 ffn_input,
                 ffn,

@@ -198,8 +198,8 @@ fn fixtures_match_through(precision: KvPrecision) {
         checked += 1;
     }
     assert_eq!(
-        checked, 142,
-        "every fixture checked (96 rows × types, 10 rope variants, 6 of Mixtral-shaped llama, 30 of the optional-tensor block variants)"
+        checked, 149,
+        "every fixture checked (103 rows × types: gpt-oss's MXFP4_MOE file besides the six; 10 rope variants, 6 of Mixtral-shaped llama, 30 of the optional-tensor block variants)"
     );
     assert!(
         failures.is_empty(),

@@ -309,8 +309,9 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
     let opt = spec.all_optional;
     let mut out = Vec::new();
     let mut add = |name: String, shape: Vec<u64>, optional: bool| {
-        // Norm weights are F32 whatever their rank (StableLM's per-head [head_dim, n_head]).
-        let ty = if shape.len() == 1 || name.ends_with("_norm.weight") {
+        // Norm weights and biases are F32 whatever their rank (StableLM's per-head
+        // [head_dim, n_head] norms, gpt-oss's [n_ff, n_expert] expert biases).
+        let ty = if shape.len() == 1 || name.ends_with("_norm.weight") || name.ends_with(".bias") {
             GgmlType::F32
         } else {
             ty
@@ -398,13 +399,15 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
             QkNorm::PerHeadLayerIfPresent => {}
         }
         linear(&mut add, &p("attn_output"), qd, e);
+        if arch.attn_sinks {
+            add(p("attn_sinks.weight"), vec![d.n_head], false);
+        }
         if arch.post_norms {
             add(p("post_attention_norm.weight"), vec![e], false);
         }
         match arch.residual {
-            Residual::Sequential | Residual::Parallel(ParallelNorms::Separate) => {
-                norm(&mut add, &p("ffn_norm"));
-            }
+            Residual::Sequential => norm(&mut add, &p(arch.ffn_norm)),
+            Residual::Parallel(ParallelNorms::Separate) => norm(&mut add, &p("ffn_norm")),
             // The usual shape (StableLM 2 1.6B/3B) has it.
             Residual::SequentialIfFfnNorm => {
                 add(p("ffn_norm.weight"), vec![e], true);
@@ -421,12 +424,22 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
         }
         match (mixture(arch), arch.ffn) {
             (Some(m), _) => {
-                // Stacked experts and the router: no biases in these families.
+                // Stacked experts and the router, with a bias each where the row says.
                 let (f, n) = (d.n_ff, N_EXPERT);
                 add(p("ffn_gate_inp.weight"), vec![e, n], false);
-                add(p("ffn_gate_exps.weight"), vec![e, f, n], false);
-                add(p("ffn_up_exps.weight"), vec![e, f, n], false);
-                add(p("ffn_down_exps.weight"), vec![f, e, n], false);
+                if m.biases {
+                    add(p("ffn_gate_inp.bias"), vec![n], false);
+                }
+                for (s, cols, rows) in [("gate", e, f), ("up", e, f), ("down", f, e)] {
+                    add(
+                        p(&format!("ffn_{s}_exps.weight")),
+                        vec![cols, rows, n],
+                        false,
+                    );
+                    if m.biases {
+                        add(p(&format!("ffn_{s}_exps.bias")), vec![rows, n], false);
+                    }
+                }
                 if m.shared_expert {
                     add(p("ffn_gate_inp_shexp.weight"), vec![e], false);
                     add(p("ffn_gate_shexp.weight"), vec![e, f], false);
@@ -434,7 +447,7 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
                     add(p("ffn_down_shexp.weight"), vec![f, e], false);
                 }
             }
-            (None, FfnKind::SwiGlu | FfnKind::GeGlu) => {
+            (None, FfnKind::SwiGlu | FfnKind::GeGlu | FfnKind::SwiGluOai) => {
                 linear(&mut add, &p("ffn_gate"), e, d.n_ff);
                 linear(&mut add, &p("ffn_up"), e, d.n_ff);
             }

@@ -113,10 +113,10 @@ fn an_unknown_tensor_is_named() {
     for arch in ARCHITECTURES {
         let mut f = ModelFile::new(&spec(arch, false, RopeFactors::None));
         let mut extra = f.tensors[0].clone();
-        extra.name = "blk.0.attn_sinks.weight".into();
+        extra.name = "blk.0.attn_rel_b.weight".into();
         f.tensors.push(extra);
         let e = check(&f).expect_err(arch.name);
-        assert_eq!(e.unread(), ["blk.0.attn_sinks.weight"], "{}", arch.name);
+        assert_eq!(e.unread(), ["blk.0.attn_rel_b.weight"], "{}", arch.name);
     }
 }
 

@@ -7,8 +7,8 @@ use anyhow::{Context, bail};
 use llamay_engine::ARCHITECTURES;
 use llamay_engine::arch::REFUSED;
 use llamay_engine::arch::{
-    Experts, FfnKind, Gating, MoeSpec, NormKind, ParallelNorms, QkNorm, QkvLayout, Residual,
-    RopeStyle, SwaPattern,
+    Experts, FfnKind, Gating, MoeSpec, NormKind, Output, ParallelNorms, QkNorm, QkvLayout,
+    Residual, RopeStyle, SwaPattern,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -67,8 +67,8 @@ fn render() -> anyhow::Result<String> {
          weight types with committed llama.cpp b11434 reference logits, then the rope variants \
          (YaRN, LongRoPE, rope_freqs, linear scaling) and the mixture-of-experts variant of a row's fixture \
          (`crates/engine/tests/data/arch-fixtures.json`), checked by `crates/engine/tests/parity.rs`.\n\n\
-         | architecture | covers | norm | rope | qkv | qk-norm | ffn | residual | post-norms | sliding window | embed scale | reference fixtures |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | architecture | covers | norm | rope | qkv | qk-norm | attention | ffn | residual | post-norms | sliding window | embed scale | reference fixtures |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for a in ARCHITECTURES {
         let norm = match a.norm {
@@ -89,6 +89,7 @@ fn render() -> anyhow::Result<String> {
             FfnKind::GeGlu => "GeGLU",
             FfnKind::Gelu => "GELU",
             FfnKind::SwiGluStacked => "SwiGLU (gate+up stacked)",
+            FfnKind::SwiGluOai => "clipped SwiGLU (swiglu_oai)",
         };
         let ffn = match a.experts {
             Experts::Never => ffn.to_string(),
@@ -97,8 +98,12 @@ fn render() -> anyhow::Result<String> {
                 format!("{ffn}; with expert_count, a mixture: {}", moe_rules(&m))
             }
         };
+        let sequential = match a.ffn_norm {
+            "ffn_norm" => "sequential".to_string(),
+            name => format!("sequential (FFN norm `{name}`)"),
+        };
         let residual = match a.residual {
-            Residual::Sequential => "sequential",
+            Residual::Sequential => &sequential,
             Residual::Parallel(ParallelNorms::Shared) => "parallel, shared norm",
             Residual::Parallel(ParallelNorms::Separate) => "parallel",
             Residual::Parallel(ParallelNorms::SharedUnlessAttnNorm2) => {
@@ -112,6 +117,11 @@ fn render() -> anyhow::Result<String> {
             SwaPattern::LastOfGroup(n) => format!("{} of {n} layers", n - 1),
         };
         let yes = |b: bool| if b { "yes" } else { "-" };
+        let attention = match (a.output, a.attn_sinks) {
+            (Output::Embeddings, _) => "bidirectional",
+            (Output::Logits, true) => "causal, a sink per head",
+            (Output::Logits, false) => "causal",
+        };
         let qk_norm = match a.qk_norm {
             QkNorm::None => "-",
             QkNorm::SharedRms => "RMSNorm",
@@ -130,7 +140,7 @@ fn render() -> anyhow::Result<String> {
             list.join("; ")
         });
         s.push_str(&format!(
-            "| `{}` | {} | {norm} | {rope} | {qkv} | {qk_norm} | {ffn} | {residual} | {} | {swa} | {} | {backed} |\n",
+            "| `{}` | {} | {norm} | {rope} | {qkv} | {qk_norm} | {attention} | {ffn} | {residual} | {} | {swa} | {} | {backed} |\n",
             a.name,
             a.covers,
             yes(a.post_norms),
@@ -218,6 +228,7 @@ const LOADER_SURVEY: &[(&str, &str, &str)] = &[
 fn moe_rules(m: &MoeSpec) -> String {
     let gating = match m.gating {
         Gating::Softmax => "softmax, top k",
+        Gating::SoftmaxOfTopK => "top k by logit, softmax over the k",
     };
     let mut s = gating.to_string();
     if m.normalize_weights {
@@ -225,6 +236,9 @@ fn moe_rules(m: &MoeSpec) -> String {
     }
     if m.shared_expert {
         s.push_str(", sigmoid-gated shared expert");
+    }
+    if m.biases {
+        s.push_str(", biases on the router and every expert projection");
     }
     s
 }
