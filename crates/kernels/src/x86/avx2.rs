@@ -407,22 +407,47 @@ unsafe fn mxfp4_block(table: __m256i, x: *const u8, y: *const u8) -> __m256i {
     }
 }
 
-/// The lane sums of eight blocks' i32x8: lane i of the result is `Σ s[i]`.
+/// Two 16-byte runs as one ymm: `lo` in the low half, `hi` in the high one (a load and
+/// a memory-operand `vinserti128`: no shuffle-port work).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn hsum_i32x8x8(s: [__m256i; 8]) -> __m256i {
-    // Per 128-bit half: [s0, s1, s2, s3] after two rounds (s4..s7 in `u1`); then the
-    // two halves of each are added.
-    let t0 = _mm256_hadd_epi32(s[0], s[1]);
-    let t1 = _mm256_hadd_epi32(s[2], s[3]);
-    let t2 = _mm256_hadd_epi32(s[4], s[5]);
-    let t3 = _mm256_hadd_epi32(s[6], s[7]);
-    let u0 = _mm256_hadd_epi32(t0, t1);
-    let u1 = _mm256_hadd_epi32(t2, t3);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256(u0, u1, 0x20),
-        _mm256_permute2x128_si256(u0, u1, 0x31),
-    )
+unsafe fn load2x128(lo: *const u8, hi: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 16 readable bytes at each pointer.
+    unsafe {
+        _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(lo as *const __m128i)),
+            _mm_loadu_si128(hi as *const __m128i),
+            1,
+        )
+    }
+}
+
+/// The exact integer sums of MXFP4 blocks `x0`/`y0` (low 128-bit half) and `x1`/`y1`
+/// (high half), four i32 lanes each.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mxfp4_block_pair(
+    table: __m256i,
+    x0: *const u8,
+    x1: *const u8,
+    y0: *const u8,
+    y1: *const u8,
+) -> __m256i {
+    // SAFETY: the caller guarantees a whole block at each pointer.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let q = load2x128(x0.add(1), x1.add(1));
+        // Elements 0..16 of each block (low nibbles), then 16..32 (high nibbles).
+        let v0 = _mm256_shuffle_epi8(table, _mm256_and_si256(q, m4));
+        let v1 = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+        let a0 = load2x128(y0.add(2), y1.add(2));
+        let a1 = load2x128(y0.add(18), y1.add(18));
+        // |v| ≤ 12: a `vpmaddubsw` pair is at most 2 · 12 · 128 and the sum of two
+        // pairs 6144, exact in i16.
+        let p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(v0, v0), _mm256_sign_epi8(a0, v0));
+        let p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(v1, v1), _mm256_sign_epi8(a1, v1));
+        _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1))
+    }
 }
 
 /// ggml's `GGML_E8M0_TO_FP32_HALF` on eight i32 lanes (each 0..=255): `(e − 1) << 23`,
@@ -450,38 +475,48 @@ pub(crate) unsafe fn dot_mxfp4(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (x, y) = (w.as_ptr(), a.as_ptr());
     let mut acc = 0.0f32;
     let mut b = 0;
+    // Eight blocks per step, in pairs (2i, 2i + 1) whose sums share a ymm; after the
+    // `vphaddd` rounds lane j holds block LANE[j], and the scales are gathered in that
+    // order.
+    const LANE: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
     // SAFETY: every block read is below nb (the caller's contract).
     unsafe {
         let table = mxfp4_table();
         while b + 8 <= nb {
             let (xb, yb) = (x.add(17 * b), y.add(34 * b));
-            let s = core::array::from_fn(|i| mxfp4_block(table, xb.add(17 * i), yb.add(34 * i)));
-            let sumi = _mm256_cvtepi32_ps(hsum_i32x8x8(s));
+            let s: [__m256i; 4] = core::array::from_fn(|i| {
+                let (i0, i1) = (2 * i, 2 * i + 1);
+                mxfp4_block_pair(
+                    table,
+                    xb.add(17 * i0),
+                    xb.add(17 * i1),
+                    yb.add(34 * i0),
+                    yb.add(34 * i1),
+                )
+            });
+            // [b0 b2 | b1 b3] halves, then [b0 b2 b4 b6 | b1 b3 b5 b7].
+            let t0 = _mm256_hadd_epi32(s[0], s[1]);
+            let t1 = _mm256_hadd_epi32(s[2], s[3]);
+            let sumi = _mm256_cvtepi32_ps(_mm256_hadd_epi32(t0, t1));
+            let h = |j: usize| (yb.add(34 * LANE[j]) as *const i16).read_unaligned();
             let dy = _mm256_cvtph_ps(_mm_setr_epi16(
-                (yb as *const i16).read_unaligned(),
-                (yb.add(34) as *const i16).read_unaligned(),
-                (yb.add(68) as *const i16).read_unaligned(),
-                (yb.add(102) as *const i16).read_unaligned(),
-                (yb.add(136) as *const i16).read_unaligned(),
-                (yb.add(170) as *const i16).read_unaligned(),
-                (yb.add(204) as *const i16).read_unaligned(),
-                (yb.add(238) as *const i16).read_unaligned(),
+                h(0),
+                h(1),
+                h(2),
+                h(3),
+                h(4),
+                h(5),
+                h(6),
+                h(7),
             ));
-            let e = _mm256_setr_epi32(
-                *xb as i32,
-                *xb.add(17) as i32,
-                *xb.add(34) as i32,
-                *xb.add(51) as i32,
-                *xb.add(68) as i32,
-                *xb.add(85) as i32,
-                *xb.add(102) as i32,
-                *xb.add(119) as i32,
-            );
+            let x8 = |j: usize| *xb.add(17 * LANE[j]) as i32;
+            let e = _mm256_setr_epi32(x8(0), x8(1), x8(2), x8(3), x8(4), x8(5), x8(6), x8(7));
             let d = _mm256_mul_ps(dy, e8m0_half8(e));
             let mut prod = [0f32; 8];
             _mm256_storeu_ps(prod.as_mut_ptr(), _mm256_mul_ps(d, sumi));
-            for p in prod {
-                acc += p;
+            // Block k sits in lane (k % 2) · 4 + k / 2.
+            for k in 0..8 {
+                acc += prod[(k % 2) * 4 + k / 2];
             }
             b += 8;
         }
