@@ -95,6 +95,9 @@ enum Command {
     Chat(cmd::chat::Args),
     /// Sentence embeddings, one JSON vector per text (as llama-embedding).
     Embed(cmd::embed::Args),
+    /// A cross-encoder's relevance scores for documents against a query (JSON, best
+    /// first), as llama.cpp's rank pooling.
+    Rerank(cmd::rerank::Args),
     /// Fetch a model into the local store (registry name, hf.co/owner/repo[:quant],
     /// hf:owner/repo/file.gguf[@rev], or an https URL).
     Pull(cmd::store::PullArgs),
@@ -141,6 +144,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => cmd::validate::run(&args),
         Command::Chat(args) => cmd::chat::run(&args),
         Command::Embed(args) => cmd::embed::run(&args),
+        Command::Rerank(args) => cmd::rerank::run(&args),
         Command::Serve(args) => cmd::serve::run(&args),
         Command::Perplexity(args) => cmd::perplexity::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),

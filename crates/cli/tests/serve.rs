@@ -1169,3 +1169,68 @@ fn serve_embeds_with_an_encoder_and_refuses_it_text() {
     assert_eq!(st, 400, "{v}");
     assert!(v.to_string().contains("embedding model"), "{v}");
 }
+
+/// A cross-encoder (the tiny BERT reranker fixture, F32) serves `/v1/rerank` as
+/// llama-server does: results by descending score, `top_n`, `return_documents`, each
+/// score llama.cpp's (llama-embedding, scripts/gen-bert-expected); an embedding request
+/// to it, and a rerank request to an embedding model, are refused by name.
+#[test]
+fn serve_reranks_with_a_cross_encoder() {
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(data("data/embed/bert-fixtures.json")).unwrap(),
+    )
+    .unwrap();
+    let f = (want["fixtures"].as_array().unwrap().iter())
+        .find(|f| f["file"] == "bert-rerank-F32.gguf")
+        .unwrap();
+    let reranker = common::fixture("bert-rerank-F32.gguf");
+    let embedder = common::fixture("bert-F32.gguf");
+    let s = Serve::start(&[
+        "-m",
+        reranker.to_str().unwrap(),
+        "--alias",
+        "ranker",
+        "-m",
+        embedder.to_str().unwrap(),
+        "--alias",
+        "embedder",
+        "-c",
+        "256",
+    ]);
+    let body = json!({"model": "ranker", "query": f["query"], "documents": f["documents"],
+                      "top_n": 3, "return_documents": true});
+    let (st, v) = s.post("/v1/rerank", &body);
+    assert_eq!(st, 200, "{v}");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3, "top_n");
+    let scores: Vec<f64> = serde_json::from_value(f["scores"].clone()).unwrap();
+    let mut last = f64::INFINITY;
+    for r in results {
+        let i = r["index"].as_u64().unwrap() as usize;
+        let got = r["relevance_score"].as_f64().unwrap();
+        // The server's f16 cache rounds keys and values (the CLI test checks the f32
+        // path to 1e-4).
+        assert!(
+            (got - scores[i]).abs() < 0.05,
+            "document {i}: {got} vs {}",
+            scores[i]
+        );
+        assert!(got <= last, "descending");
+        last = got;
+        assert_eq!(r["document"]["text"], f["documents"][i]);
+    }
+    let (st, v) = s.post("/v1/embeddings", &json!({"model": "ranker", "input": "hi"}));
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("reranker"), "{v}");
+    let (st, v) = s.post(
+        "/v1/rerank",
+        &json!({"model": "embedder", "query": "q", "documents": ["d"]}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("not a reranker"), "{v}");
+    let (st, v) = s.post(
+        "/v1/rerank",
+        &json!({"model": "ranker", "query": "q", "documents": []}),
+    );
+    assert_eq!(st, 400, "{v}");
+}

@@ -366,7 +366,7 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
     },
     ArchSpec {
         name: "bert",
-        covers: "BERT sentence embedders (all-MiniLM, BGE, ...); mean, CLS or last-token pooling",
+        covers: "BERT sentence embedders (all-MiniLM, BGE, ...): mean, CLS or last-token pooling; cross-encoder rerankers (rank pooling through the classification head)",
         norm: NormKind::Layer,
         rope: RopeStyle::None,
         ffn: FfnKind::Gelu,

@@ -47,6 +47,8 @@ pub struct Config {
     pub causal: bool,
     /// How an encoder's token states become one embedding (`pooling_type`).
     pub pooling: Pooling,
+    /// Outputs of a cross-encoder's classification head (`classifier.output_labels`).
+    pub n_cls_out: usize,
 }
 
 /// How a sequence's final hidden states become one embedding (llama.cpp's
@@ -59,6 +61,9 @@ pub enum Pooling {
     Cls,
     /// The last token's state.
     Last,
+    /// A cross-encoder's relevance (rerank): the first token's state through the
+    /// classification head (`Weights::classifier`), as llama.cpp's rank pooling.
+    Rank,
 }
 
 impl Pooling {
@@ -67,6 +72,7 @@ impl Pooling {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
             Pooling::Last => "last",
+            Pooling::Rank => "rank",
         }
     }
 
@@ -76,11 +82,13 @@ impl Pooling {
             "mean" => Some(Pooling::Mean),
             "cls" => Some(Pooling::Cls),
             "last" => Some(Pooling::Last),
+            "rank" => Some(Pooling::Rank),
             _ => None,
         }
     }
 
-    /// Pools `rows` (a sequence's states, `n_embd` each, in order) into `out`.
+    /// Pools `rows` (a sequence's states, `n_embd` each, in order) into `out` (for
+    /// `Rank`, the state the classification head reads).
     pub fn apply(self, rows: &[f32], n_embd: usize, out: &mut Vec<f32>) {
         out.clear();
         let n = rows.len() / n_embd.max(1);
@@ -89,7 +97,7 @@ impl Pooling {
             return;
         }
         match self {
-            Pooling::Cls => out.extend_from_slice(&rows[..n_embd]),
+            Pooling::Cls | Pooling::Rank => out.extend_from_slice(&rows[..n_embd]),
             Pooling::Last => out.extend_from_slice(&rows[(n - 1) * n_embd..n * n_embd]),
             Pooling::Mean => {
                 out.resize(n_embd, 0.0);
@@ -104,16 +112,13 @@ impl Pooling {
 }
 
 /// `pooling_type`'s values (llama.cpp's enum), for an encoder.
-fn pooling_of(arch: &ArchSpec, key: &str, v: Option<usize>) -> Result<Pooling, LoadError> {
+fn pooling_of(key: &str, v: Option<usize>) -> Result<Pooling, LoadError> {
     match v {
         // Absent, or "none" (per-token states): mean, as an embedder is used.
         None | Some(0) | Some(1) => Ok(Pooling::Mean),
         Some(2) => Ok(Pooling::Cls),
         Some(3) => Ok(Pooling::Last),
-        Some(4) => Err(LoadError::Unsupported(format!(
-            "'{key}' is 4 (rank): a {} cross-encoder's classification head (rerank) is not implemented; embedding models (mean, cls or last pooling) run",
-            arch.name
-        ))),
+        Some(4) => Ok(Pooling::Rank),
         Some(n) => Err(LoadError::Metadata(format!(
             "'{key}' is {n}; llama.cpp's pooling types are 0 (none) to 4 (rank)"
         ))),
@@ -452,7 +457,12 @@ impl Config {
                 k.key("attention.causal")
             )));
         }
-        let pooling = pooling_of(arch, &k.key("pooling_type"), k.count("pooling_type")?)?;
+        let pooling = pooling_of(&k.key("pooling_type"), k.count("pooling_type")?)?;
+        // A classifier's outputs: one per label (llama.cpp's n_cls_out), else one.
+        let n_cls_out = match md.get(&k.key("classifier.output_labels")) {
+            Some(Value::Array(a)) if !a.is_empty() && a.len() <= MAX_DIM => a.len(),
+            _ => 1,
+        };
         Ok(Config {
             arch,
             n_vocab,
@@ -478,6 +488,7 @@ impl Config {
             moe,
             causal,
             pooling,
+            n_cls_out,
         })
     }
 

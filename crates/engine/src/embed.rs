@@ -1,10 +1,13 @@
 //! Sentence embeddings: texts encoded together, each sequence's final states pooled
-//! into one vector (`config::Pooling`), as llama.cpp's `llama-embedding` computes them.
+//! into one vector (`config::Pooling`), as llama.cpp's `llama-embedding` computes them;
+//! a cross-encoder's relevance scores (rank pooling) through its classification head.
 
 use crate::batch::BatchToken;
 use crate::config::Pooling;
 use crate::context::Context;
+use crate::forward::linear;
 use crate::{DecodeError, SeqId};
+use llamay_kernels::QuantizedRows;
 
 /// Most tokens one encoding batch carries (texts are grouped up to it).
 pub const EMBED_BATCH_TOKENS: usize = 2048;
@@ -81,7 +84,34 @@ impl Context<'_> {
             out.push(v);
             first += t.len();
         }
+        if pooling == Pooling::Rank {
+            out = self.classify(&out);
+        }
         Ok(out)
+    }
+
+    /// Pooled states (one row per text) through the classification head, as llama.cpp's
+    /// rank pooling: `cls` then tanh, then `cls.output`, each where the file has it; no
+    /// sigmoid or softmax (a BERT reranker's score is the raw logit). Without a head
+    /// (the load refuses rank pooling then) the rows come back as they are.
+    fn classify(&self, rows: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        let Some(head) = &self.model.weights.classifier else {
+            return rows.to_vec();
+        };
+        let mut act = QuantizedRows::default();
+        let mut x = rows.concat();
+        let mut y = Vec::new();
+        if let Some(dense) = &head.dense {
+            linear(dense, &x, &mut act, &mut y, &self.pool);
+            y.iter_mut().for_each(|v| *v = v.tanh());
+            std::mem::swap(&mut x, &mut y);
+        }
+        if let Some(out) = &head.out {
+            linear(out, &x, &mut act, &mut y, &self.pool);
+            std::mem::swap(&mut x, &mut y);
+        }
+        let width = x.len() / rows.len().max(1);
+        x.chunks(width.max(1)).map(<[f32]>::to_vec).collect()
     }
 }
 

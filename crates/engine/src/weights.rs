@@ -4,7 +4,7 @@
 
 use crate::LoadError;
 use crate::arch::{FfnKind, NormKind, Output, ParallelNorms, QkNorm, QkvLayout, Residual};
-use crate::config::{Config, MoeConfig};
+use crate::config::{Config, MoeConfig, Pooling};
 use crate::rope::RopeFactors;
 use crate::tensor::{Matrix, vector};
 use llamay_gguf::{Model as Gguf, TensorInfo};
@@ -84,6 +84,14 @@ pub struct DenseFfn<'a> {
     pub gate: Option<Linear<'a>>,
     pub up: Linear<'a>,
     pub down: Linear<'a>,
+}
+
+/// A cross-encoder's classification head (llama.cpp's rank pooling): the pooled state
+/// through `cls` and tanh where the file has it, then `cls.output` where it has that.
+#[derive(Clone, Debug)]
+pub struct Classifier<'a> {
+    pub dense: Option<Linear<'a>>,
+    pub out: Option<Linear<'a>>,
 }
 
 /// A mixture of experts (see `config::MoeConfig`).
@@ -168,6 +176,8 @@ pub struct Weights<'a> {
     pub embd_norm: Option<Norm>,
     /// None for an encoder (its states are the product).
     pub output_norm: Option<Norm>,
+    /// An encoder's classification head, where the file has one (a reranker).
+    pub classifier: Option<Classifier<'a>>,
     /// The output projection: `output.weight`, or the token embeddings when tied.
     pub output: Linear<'a>,
     pub rope_factors: RopeFactors,
@@ -525,6 +535,26 @@ impl<'a> Weights<'a> {
         } else {
             Some(b.norm("output_norm", arch.norm, e)?)
         };
+        let classifier = if encoder {
+            let opt_linear = |b: &mut Binder<'_, 'a>, name: &str, rows| match b
+                .gguf
+                .tensor(&format!("{name}.weight"))
+            {
+                Some(_) => b.linear(name, e, rows).map(Some),
+                None => Ok(None),
+            };
+            let dense = opt_linear(&mut b, "cls", e)?;
+            let out = opt_linear(&mut b, "cls.output", cfg.n_cls_out)?;
+            (dense.is_some() || out.is_some()).then_some(Classifier { dense, out })
+        } else {
+            None
+        };
+        if cfg.pooling == Pooling::Rank && classifier.is_none() {
+            return Err(LoadError::Unsupported(format!(
+                "{}.pooling_type is 4 (rank), but the file has no classification head (cls or cls.output tensors) to score with",
+                arch.name
+            )));
+        }
         // An encoder has no output projection: the tied embeddings stand in (never
         // read; `Context::decode` refuses it).
         let untied = if encoder {
@@ -628,6 +658,7 @@ impl<'a> Weights<'a> {
             token_types,
             embd_norm,
             output_norm,
+            classifier,
             output,
             rope_factors,
             layers,
@@ -643,7 +674,9 @@ impl<'a> Weights<'a> {
                 .into_iter()
                 .chain(l.ffn.linears_mut())
         });
-        std::iter::once(&mut self.output).chain(layers)
+        let head =
+            (self.classifier.iter_mut()).flat_map(|c| c.dense.iter_mut().chain(c.out.iter_mut()));
+        std::iter::once(&mut self.output).chain(layers).chain(head)
     }
 
     /// Every projection.
@@ -653,7 +686,8 @@ impl<'a> Weights<'a> {
                 .into_iter()
                 .chain(l.ffn.linears())
         });
-        std::iter::once(&self.output).chain(layers)
+        let head = (self.classifier.iter()).flat_map(|c| c.dense.iter().chain(c.out.iter()));
+        std::iter::once(&self.output).chain(layers).chain(head)
     }
 
     /// Token `tok`'s embedding into `out` (n_embd values). When the output projection is

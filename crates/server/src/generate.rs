@@ -237,6 +237,42 @@ pub fn embedding_inputs(
 
 /// Mean-pooled final hidden states of each input (computed on the engine thread).
 pub async fn embed(model: &Loaded, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ApiError> {
+    if model.scheduler.reranker() {
+        return Err(ApiError::field(
+            "model",
+            format!(
+                "'{}' is a reranker (rank pooling): it scores query-document pairs (/v1/rerank), it makes no embeddings",
+                model.name
+            ),
+        ));
+    }
+    encode(model, inputs).await
+}
+
+/// A cross-encoder's relevance score for each (query, document) pair.
+pub async fn rerank(model: &Loaded, query: &str, docs: &[String]) -> Result<Vec<f32>, ApiError> {
+    if !model.scheduler.reranker() {
+        return Err(ApiError::field(
+            "model",
+            format!(
+                "'{}' is not a reranker: reranking needs a cross-encoder (a bert-style file with pooling_type 4, rank, and a classification head)",
+                model.name
+            ),
+        ));
+    }
+    let inputs = docs
+        .iter()
+        .map(|d| model.tok.encode_pair(query, d))
+        .collect();
+    let scores = encode(model, inputs).await?;
+    Ok(scores
+        .iter()
+        .map(|s| s.first().copied().unwrap_or(f32::NAN))
+        .collect())
+}
+
+/// Runs inputs through the model's encoder, one pooled row each.
+async fn encode(model: &Loaded, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ApiError> {
     let n_ctx = model.scheduler.config().n_ctx;
     let n_vocab = model.tok.n_vocab();
     for (i, ids) in inputs.iter().enumerate() {

@@ -1,6 +1,6 @@
 //! OpenAI's API: chat completions and completions (server-sent events ending in
-//! `data: [DONE]`), models, and the embedding and rerank routes (refused by name until
-//! an embedding architecture runs). Errors in OpenAI's shape.
+//! `data: [DONE]`), models, embeddings (of an embedding model) and rerank (of a
+//! cross-encoder). Errors in OpenAI's shape.
 
 use crate::error::{ApiError, OaiError};
 use crate::generate::{self, ChatDelta, ChatOutput, ChatParser, Generation};
@@ -792,19 +792,55 @@ async fn embeddings(axum::extract::State(s): State, body: Body) -> Result<Respon
     .into_response())
 }
 
+/// llama-server's `/v1/rerank`: `query`, `documents` (strings), optional `top_n` and
+/// `return_documents`; results by descending relevance, each with its index.
 async fn rerank(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let body = body_object(&s, body).await?;
     let f = Fields::top(&body);
     let name = f
         .str("model")?
         .filter(|m| !m.is_empty())
-        .ok_or_else(|| ApiError::field("model", "is required"))?;
-    s.registry.resolve(name).map_err(ApiError::from)?;
-    Err(ApiError::new(
-        axum::http::StatusCode::NOT_IMPLEMENTED,
-        format!("model '{name}': reranking needs a reranker model (a bert-style cross-encoder), which llamay does not run yet"),
-    )
-    .into())
+        .ok_or_else(|| ApiError::field("model", "is required"))?
+        .to_string();
+    let query = f
+        .str("query")?
+        .ok_or_else(|| ApiError::field("query", "is required"))?
+        .to_string();
+    let docs: Vec<String> = match body.get("documents") {
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => a
+            .iter()
+            .filter_map(|d| d.as_str().map(str::to_string))
+            .collect(),
+        Some(_) => {
+            return Err(ApiError::field("documents", "must be a non-empty list of strings").into());
+        }
+        None => return Err(ApiError::field("documents", "is required").into()),
+    };
+    let top_n = f
+        .int("top_n", 1, i64::MAX)?
+        .map_or(docs.len(), |n| n as usize);
+    let with_docs = f.bool("return_documents")?.unwrap_or(false);
+    let model = s.registry.get(&name).await.map_err(ApiError::from)?;
+    let scores = generate::rerank(&model, &query, &docs).await?;
+    let n_tokens: usize = (docs.iter())
+        .map(|d| model.tok.encode_pair(&query, d).len())
+        .sum();
+    let mut order: Vec<usize> = (0..docs.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    let results: Vec<Value> = (order.iter().take(top_n))
+        .map(|&i| {
+            let mut r = json!({"index": i, "relevance_score": scores[i]});
+            if with_docs {
+                r["document"] = json!({"text": docs[i]});
+            }
+            r
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "model": name, "object": "list", "results": results,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    }))
+    .into_response())
 }
 
 fn model_object(name: &str, created: Option<SystemTime>) -> Value {

@@ -20,7 +20,7 @@ use llamay_engine::arch::Output;
 use llamay_engine::grammar::{Constraint, Rules, TokenTrie};
 use llamay_engine::sample::{Sampler, SamplerParams, lookup_draft};
 use llamay_engine::{
-    BatchToken, Context, ContextParams, DecodeError, KvPrecision, Model, SeqId, Threads,
+    BatchToken, Context, ContextParams, DecodeError, KvPrecision, Model, Pooling, SeqId, Threads,
 };
 use llamay_tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
@@ -182,6 +182,8 @@ pub struct Scheduler {
     config: EngineConfig,
     /// The model is an encoder (embeddings only), by this architecture name.
     encoder: Option<&'static str>,
+    /// The encoder is a cross-encoder: its "embedding" is a relevance score.
+    reranker: bool,
 }
 
 impl Scheduler {
@@ -194,6 +196,7 @@ impl Scheduler {
         let n_ctx = config.n_ctx;
         let arch = model.config().arch;
         let encoder = (arch.output == Output::Embeddings).then_some(arch.name);
+        let reranker = encoder.is_some() && model.config().pooling == Pooling::Rank;
         // Made here so that a bad configuration is an error now, not a dead thread.
         let probe = model
             .context(ContextParams::new(Threads(1), config.kv, n_ctx))
@@ -223,6 +226,7 @@ impl Scheduler {
             gauges,
             config,
             encoder,
+            reranker,
         })
     }
 
@@ -233,6 +237,11 @@ impl Scheduler {
     /// `Some(architecture)` when the model computes embeddings only (an encoder).
     pub fn encoder(&self) -> Option<&'static str> {
         self.encoder
+    }
+
+    /// Whether the model is a cross-encoder (rank pooling): it scores pairs.
+    pub fn reranker(&self) -> bool {
+        self.reranker
     }
 
     /// Queues a job unless `parallel + queue` requests are already in flight.

@@ -84,6 +84,8 @@ pub struct Tokenizer {
     add_bos: bool,
     add_eos: bool,
     add_sep: bool,
+    /// `tokenizer.chat_template.rerank`: how a reranker's file lays out a pair.
+    rerank_template: Option<String>,
     add_space_prefix: bool,
     remove_extra_whitespaces: bool,
     clean_spaces: bool,
@@ -160,6 +162,7 @@ impl Tokenizer {
             + self.pieces.heap_bytes()
             + 4 * (self.scores.capacity() + self.special_cache.capacity())
             + 2 * self.attrs.capacity()
+            + self.rerank_template.as_ref().map_or(0, String::capacity)
             + self
                 .special_finder
                 .get()
@@ -315,6 +318,29 @@ impl Tokenizer {
     }
 
     /// [`Tokenizer::encode`] on a `&str`.
+    /// A (query, document) pair for a cross-encoder, as llama.cpp's `llama-embedding`
+    /// and `llama-server`'s `/v1/rerank` lay it out: the file's rerank template with
+    /// `{query}` and `{document}` filled in where it has one; else the query, the
+    /// end-of-text text if the vocabulary adds one, the separator's if it adds that,
+    /// then the document — tokenised with the special tokens added and parsed
+    /// (`[CLS] q [SEP][SEP] d [SEP]` for a converted BERT, whose files add both).
+    pub fn encode_pair(&self, query: &str, document: &str) -> Vec<u32> {
+        let prompt = match &self.rerank_template {
+            Some(t) => t.replace("{query}", query).replace("{document}", document),
+            None => {
+                let text = |id: Option<u32>, added: bool| {
+                    (id.filter(|_| added).and_then(|id| self.token_text(id).ok()))
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_default()
+                };
+                let eos = text(self.special.eos, self.add_eos);
+                let sep = text(self.special.sep, self.add_sep);
+                format!("{query}{eos}{sep}{document}")
+            }
+        };
+        self.encode(prompt.as_bytes(), true, true)
+    }
+
     pub fn encode_str(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         self.encode(text.as_bytes(), add_special, parse_special)
     }

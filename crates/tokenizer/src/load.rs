@@ -369,6 +369,10 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
     if let Some(v) = get_bool(md, "tokenizer.ggml.add_sep_token")? {
         add_sep = v;
     }
+    // A cross-encoder's own pair format (`{query}`, `{document}`), where it has one.
+    let rerank_template = (md.get_str("tokenizer.chat_template.rerank"))
+        .map_err(|e| merr(e.to_string()))?
+        .map(str::to_string);
     if rule_name == "gemma4" && !add_bos {
         add_bos = true;
         warnings.push("add_bos_token overridden to true for Gemma 4 (as llama.cpp)".into());
@@ -502,6 +506,7 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
         add_bos,
         add_eos,
         add_sep,
+        rerank_template,
         add_space_prefix,
         remove_extra_whitespaces,
         clean_spaces,

@@ -30,22 +30,26 @@ const ROPE_VARIANTS: &[&str] = &[
     "longrope-short",
     "linear",
 ];
-const FIXTURES: &str = "crates/engine/tests/data/arch-fixtures.json";
+/// Fixtures with committed llama.cpp b11434 outputs: decoders' logits, and encoders'
+/// embeddings and rerank scores (`llama-embedding`).
+const FIXTURES: &[&str] = &[
+    "crates/engine/tests/data/arch-fixtures.json",
+    "crates/cli/tests/data/embed/bert-fixtures.json",
+];
 
 /// Architecture → (variant, weight types) with committed llama.cpp reference logits; the
 /// plain row is the empty variant, rope variants (`yarn`, `longrope-long`, ...) follow.
 fn fixtures() -> anyhow::Result<BTreeMap<String, BTreeMap<String, Vec<String>>>> {
     let mut map: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
-    let Ok(text) = std::fs::read_to_string(FIXTURES) else {
-        return Ok(map);
-    };
-    let doc: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {FIXTURES}"))?;
-    let list = doc
-        .get("fixtures")
-        .and_then(|f| f.as_array())
-        .cloned()
-        .unwrap_or_default();
+    let mut list = Vec::new();
+    for path in FIXTURES {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        let doc: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {path}"))?;
+        list.extend(doc["fixtures"].as_array().cloned().unwrap_or_default());
+    }
     for f in list {
         if let (Some(a), Some(t)) = (f["arch"].as_str(), f["type"].as_str()) {
             let variant = f["variant"].as_str().unwrap_or_default().to_string();
@@ -66,7 +70,9 @@ fn render() -> anyhow::Result<String> {
          (`crates/engine/src/arch.rs`); CI runs `llamay coverage --check`. The last column lists the \
          weight types with committed llama.cpp b11434 reference logits, then the rope variants \
          (YaRN, LongRoPE, rope_freqs, linear scaling) and the mixture-of-experts variant of a row's fixture \
-         (`crates/engine/tests/data/arch-fixtures.json`), checked by `crates/engine/tests/parity.rs`.\n\n\
+         (`crates/engine/tests/data/arch-fixtures.json`), checked by `crates/engine/tests/parity.rs`; \
+         for an encoder, `llama-embedding`'s embeddings and rerank scores \
+         (`crates/cli/tests/data/embed/bert-fixtures.json`), checked by `crates/cli/tests/embed.rs`.\n\n\
          | architecture | covers | norm | rope | qkv | qk-norm | attention | ffn | residual | post-norms | sliding window | embed scale | reference fixtures |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );

@@ -7,7 +7,8 @@ use crate::{ModelArg, out, session};
 use anyhow::{Context as _, bail};
 use llamay_engine::embed::{embed_kv_budget, normalize};
 use llamay_engine::{ContextParams, KvPrecision, Pooling};
-use llamay_gguf::MappedModel;
+use llamay_gguf::{MappedModel, Metadata};
+use llamay_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -45,44 +46,37 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let path = &args.model.path()?;
     let texts = texts(args)?;
     let pooling = args
         .pooling
         .as_deref()
-        .map(|p| {
-            Pooling::parse(p).with_context(|| format!("--pooling {p}: give mean, cls or last"))
+        .map(|p| match Pooling::parse(p) {
+            Some(Pooling::Rank) | None => bail!("--pooling {p}: give mean, cls or last"),
+            Some(p) => Ok(p),
         })
         .transpose()?;
     if !matches!(args.output.as_str(), "json" | "array") {
         bail!("--output {}: give json or array", args.output);
     }
-    let threads = session::threads(args.threads)?;
-    let mapped = MappedModel::open(path)?;
-    let gguf = mapped.parse()?;
-    let (model, tok) = session::load(&mapped, &gguf, threads)?;
-    let n_ctx = session::context(args.ctx_size, &model)?;
-    let pooling = pooling.unwrap_or(model.config().pooling);
-    let ids: Vec<Vec<u32>> = texts
-        .iter()
-        .map(|t| tok.encode(t.as_bytes(), true, true))
-        .collect();
-    for (i, t) in ids.iter().enumerate() {
-        if t.is_empty() {
-            bail!("text {i} has no tokens");
-        }
-        if t.len() > n_ctx {
-            bail!(
-                "text {i} is {} tokens, which does not fit the context of {n_ctx} (raise -c; an encoder reads a text whole)",
-                t.len()
-            );
-        }
-    }
-    let mut params = ContextParams::new(threads, KvPrecision::F32, n_ctx);
-    params.kv_budget_tokens = Some(embed_kv_budget(n_ctx));
-    let mut ctx = model.context(params)?;
-    let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
-    let mut vectors = ctx.embed(&refs, pooling)?;
+    let job = Encode {
+        model: &args.model,
+        threads: args.threads,
+        ctx_size: args.ctx_size,
+    };
+    let mut vectors = job.run(
+        |tok, _| {
+            Ok(texts
+                .iter()
+                .map(|t| tok.encode(t.as_bytes(), true, true))
+                .collect())
+        },
+        |file| match pooling.unwrap_or(file) {
+            Pooling::Rank => bail!(
+                "this model is a reranker (rank pooling): its output is a relevance score, not an embedding; use `llamay rerank`, or give --pooling mean|cls|last for its encoder's states"
+            ),
+            p => Ok(p),
+        },
+    )?;
     for v in &mut vectors {
         normalize(v, args.normalize);
     }
@@ -97,6 +91,52 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     writeln!(o)?;
     o.flush()?;
+    Ok(())
+}
+
+/// Loading an encoder and running texts through it: what `embed` and `rerank` share.
+pub(crate) struct Encode<'a> {
+    pub model: &'a ModelArg,
+    pub threads: Option<usize>,
+    pub ctx_size: Option<usize>,
+}
+
+impl Encode<'_> {
+    /// Loads the model, tokenises with `tokenize`, picks the pooling from the file's
+    /// with `pooling`, and returns one pooled (for rank: scored) row per text.
+    pub fn run(
+        &self,
+        tokenize: impl FnOnce(&Tokenizer, &Metadata<'_>) -> anyhow::Result<Vec<Vec<u32>>>,
+        pooling: impl FnOnce(Pooling) -> anyhow::Result<Pooling>,
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        let threads = session::threads(self.threads)?;
+        let mapped = MappedModel::open(&self.model.path()?)?;
+        let gguf = mapped.parse()?;
+        let (model, tok) = session::load(&mapped, &gguf, threads)?;
+        let n_ctx = session::context(self.ctx_size, &model)?;
+        let pooling = pooling(model.config().pooling)?;
+        let ids = tokenize(&tok, gguf.metadata())?;
+        check_fits(&ids, n_ctx)?;
+        let mut params = ContextParams::new(threads, KvPrecision::F32, n_ctx);
+        params.kv_budget_tokens = Some(embed_kv_budget(n_ctx));
+        let mut ctx = model.context(params)?;
+        let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+        Ok(ctx.embed(&refs, pooling)?)
+    }
+}
+
+fn check_fits(ids: &[Vec<u32>], n_ctx: usize) -> anyhow::Result<()> {
+    for (i, t) in ids.iter().enumerate() {
+        if t.is_empty() {
+            bail!("text {i} has no tokens");
+        }
+        if t.len() > n_ctx {
+            bail!(
+                "text {i} is {} tokens, which does not fit the context of {n_ctx} (raise -c; an encoder reads a text whole)",
+                t.len()
+            );
+        }
+    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@ pub mod info;
 pub mod perplexity;
 pub mod quantize;
 pub mod render;
+pub mod rerank;
 pub mod run;
 pub mod serve;
 pub mod store;
