@@ -6,6 +6,7 @@
 mod common;
 
 use common::{llamay, ok_stdout};
+use sha2::Digest as _;
 use std::path::{Path, PathBuf};
 
 fn minilm() -> Option<PathBuf> {
@@ -166,6 +167,12 @@ fn bert_fixtures_give_llama_embeddings_and_rerank_scores() {
     for f in doc["fixtures"].as_array().unwrap() {
         let name = f["file"].as_str().unwrap();
         let path = common::fixture(name);
+        let digest = sha2::Sha256::digest(std::fs::read(&path).unwrap());
+        assert_eq!(
+            format!("{digest:x}"),
+            f["sha256"].as_str().unwrap(),
+            "{name}: fixture bytes differ from the ones llama.cpp ran"
+        );
         let path = path.to_str().unwrap();
         let ty = f["type"].as_str().unwrap();
         if f["variant"] == "rerank" {
