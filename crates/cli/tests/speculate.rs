@@ -84,9 +84,13 @@ fn speculation_on_gemma_repeats_the_context_faster_and_unchanged() {
 /// Fixtures of every architecture, in F32 and Q4_K.
 fn architecture_fixtures() -> Vec<std::path::PathBuf> {
     let dir = fixture("llama-F32.gguf").parent().unwrap().to_path_buf();
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+    // The generator's manifest: every decoder fixture (encoders generate no text).
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap())
+            .unwrap();
+    let mut names: Vec<String> = (manifest.as_array().unwrap().iter())
+        .filter(|m| m["encoder"] != true)
+        .filter_map(|m| m["file"].as_str().map(str::to_string))
         .filter(|n| n.ends_with("-F32.gguf") || n.ends_with("-Q4_K.gguf"))
         .collect();
     names.sort();
