@@ -253,12 +253,12 @@ unsafe fn load_half(p: *const u8, h: usize) -> __m256i {
 /// matrix, 2 threads: 9.9 → 13.5 GiB/s, one thread 5.5 → 7.8, at 16–64 KiB alike;
 /// the 1B shape's Q6_K output 7.6 → 10.0, a 72 MiB Q4_K matrix 9.6 → 11.0). Streams
 /// of fewer bytes per weight (high bits) are asked for proportionally nearer.
-const PREFETCH: usize = 16 << 10;
+pub(crate) const PREFETCH: usize = 16 << 10;
 
 /// Prefetches the line `dist` bytes after `p` (the address may lie past the group or
 /// the matrix: a prefetch never faults).
 #[inline(always)]
-fn prefetch_ahead(p: *const u8, dist: usize) {
+pub(crate) fn prefetch_ahead(p: *const u8, dist: usize) {
     // SAFETY: `prefetcht0` reads nothing architecturally and cannot fault; SSE is
     // part of x86-64.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(dist) as *const i8) }

@@ -10,6 +10,7 @@
 //! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
 
 use crate::packed::{MXFP4_UNSIGNED, Tile};
+use crate::x86::packed256::{PREFETCH, prefetch_ahead};
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
@@ -147,6 +148,17 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
                 *acc = _mm512_set1_epi32(*p.aux.add(t * p.prep_stride + b));
             }
             for k in 0..8 {
+                // One token streams the matrix from memory: ask for its lines ahead
+                // (see `packed256::PREFETCH`).
+                if T == 1 {
+                    if F == Q8_0 {
+                        prefetch_ahead(p.w.add(b * 512 + k * 64), PREFETCH);
+                    } else if k < 4 {
+                        prefetch_ahead(p.w.add(b * 256 + k * 64), PREFETCH);
+                    } else if F == Q5_0 && k == 4 {
+                        prefetch_ahead(p.w.add(p.sec[1] + b * 64), PREFETCH / 4);
+                    }
+                }
                 let w = legacy_quad::<F>(p.w, p.sec[1], b, k);
                 for (t, acc) in iacc.iter_mut().enumerate() {
                     let av = bcast4(p.a.add(t * p.a_stride + b * 34 + 2 + 4 * k));
@@ -302,6 +314,14 @@ unsafe fn k45_sub<const T: usize, const Q5: bool, const ODD: bool>(
     unsafe {
         let mut iacc = [_mm512_setzero_si512(); T];
         for kk in 0..8 {
+            if T == 1 {
+                if !ODD {
+                    prefetch_ahead(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64), PREFETCH);
+                }
+                if Q5 && kk == 0 {
+                    prefetch_ahead(p.w.add(hi_sec + b * 512 + 64 * j), PREFETCH / 4);
+                }
+            }
             let v = load512(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64));
             let mut w = if !ODD {
                 _mm512_and_si512(v, m4)
@@ -464,6 +484,16 @@ unsafe fn q6_k_sub<const T: usize, const M: usize>(
         }
         for qq in 0..4 {
             let q = 4 * s + qq;
+            if T == 1 {
+                // Quarters 0 and 1 read each low-nibble line first, quarter 0 each
+                // high-bit line.
+                if M < 2 {
+                    prefetch_ahead(p.w.add(b * 2048 + q * 64), PREFETCH);
+                }
+                if M == 0 {
+                    prefetch_ahead(p.w.add(p.sec[1] + b * 1024 + q * 64), PREFETCH / 2);
+                }
+            }
             let w = q6_k_quad::<M>(p, b, q);
             for (t, acc) in iacc.iter_mut().enumerate() {
                 let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 4 * q));
