@@ -86,8 +86,7 @@ fn architecture_fixtures() -> Vec<std::path::PathBuf> {
     let dir = fixture("llama-F32.gguf").parent().unwrap().to_path_buf();
     // The generator's manifest: every decoder fixture (encoders generate no text).
     let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
     let mut names: Vec<String> = (manifest.as_array().unwrap().iter())
         .filter(|m| m["encoder"] != true)
         .filter_map(|m| m["file"].as_str().map(str::to_string))
