@@ -237,14 +237,16 @@ fn bert_fixtures_give_llama_embeddings_and_rerank_scores() {
 }
 
 /// |llamay - llama.cpp| on a rerank score (the raw logit, 12-20 here). Measured: F32
-/// at most 5.7e-6, F16 1.4e-3; the quantised files agree to ~1e-6 but for one score
+/// at most 5.7e-6 under avx512vnni and 6.6e-4 under the 8-lane sets (portable, avx2:
+/// another order of f32 sums; the parity tests' F32 logit bound, 2e-3, covers both),
+/// F16 1.4e-3; the quantised files agree to ~1e-6 but for one score
 /// in three of them (0.077, 0.135, 0.163): the activations are rounded to 8 bits
 /// before every matmul, and a last-bit difference upstream can flip one rounding step,
 /// which the head's wide weights (std 1 over 256 tanh values) amplify — the parity
 /// tests' logit bound (0.25) for the same reason.
 fn rerank_bound(ty: &str) -> f64 {
     match ty {
-        "F32" => 1e-4,
+        "F32" => 2e-3,
         "F16" => 1e-2,
         _ => 0.25,
     }
