@@ -155,6 +155,42 @@ pub enum SwaRope {
     OwnBaseUnscaled,
 }
 
+/// Which positions a token attends to, unless the file's `attention.causal` says
+/// otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mask {
+    /// Its own and the earlier ones (a decoder).
+    Causal,
+    /// Every position of its sequence, which is given whole (an encoder).
+    Bidirectional,
+}
+
+/// Extra logits in each softmax's denominator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sinks {
+    None,
+    /// A learned logit per head (`attn_sinks`, `[n_head]`) that takes weight from the
+    /// keys and gives no value (gpt-oss).
+    PerHead,
+}
+
+/// How a family's attention runs, beyond the shapes its file gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionSpec {
+    pub mask: Mask,
+    pub sinks: Sinks,
+    /// Which layers slide (when the file sets a window), and how they rope.
+    pub window: SwaPattern,
+    pub window_rope: SwaRope,
+}
+
+const CAUSAL: AttentionSpec = AttentionSpec {
+    mask: Mask::Causal,
+    sinks: Sinks::None,
+    window: SwaPattern::None,
+    window_rope: SwaRope::Same,
+};
+
 /// Where Q, K and V come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkvLayout {
@@ -185,16 +221,12 @@ pub struct ArchSpec {
     pub embed_scale_sqrt: bool,
     /// Extra RMS norms on the attention and feed-forward outputs (Gemma 2/3).
     pub post_norms: bool,
-    pub swa: SwaPattern,
+    pub attention: AttentionSpec,
     /// Learned absolute position embeddings (`position_embd`), GPT-2.
     pub learned_positions: bool,
-    pub swa_rope: SwaRope,
     /// The norm before a sequential block's feed-forward network (`blk.N.<name>`):
     /// `ffn_norm`, or gpt-oss's `post_attention_norm`.
     pub ffn_norm: &'static str,
-    /// A learned per-head logit in every softmax's denominator (`attn_sinks`,
-    /// `[n_head]`), which takes weight from the keys and gives no value: gpt-oss.
-    pub attn_sinks: bool,
     /// Attention scale is 1/sqrt(key_length) (Gemma: query_pre_attn_scalar).
     pub scale_by_key_length: bool,
     pub output: Output,
@@ -212,11 +244,9 @@ const BASE: ArchSpec = ArchSpec {
     residual: Residual::Sequential,
     embed_scale_sqrt: false,
     post_norms: false,
-    swa: SwaPattern::None,
+    attention: CAUSAL,
     learned_positions: false,
-    swa_rope: SwaRope::Same,
     ffn_norm: "ffn_norm",
-    attn_sinks: false,
     scale_by_key_length: false,
     output: Output::Logits,
 };
@@ -301,7 +331,10 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         ffn: FfnKind::GeGlu,
         embed_scale_sqrt: true,
         post_norms: true,
-        swa: SwaPattern::LastOfGroup(2),
+        attention: AttentionSpec {
+            window: SwaPattern::LastOfGroup(2),
+            ..CAUSAL
+        },
         scale_by_key_length: true,
         ..BASE
     },
@@ -313,8 +346,11 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         ffn: FfnKind::GeGlu,
         embed_scale_sqrt: true,
         post_norms: true,
-        swa: SwaPattern::LastOfGroup(6),
-        swa_rope: SwaRope::OwnBaseUnscaled,
+        attention: AttentionSpec {
+            window: SwaPattern::LastOfGroup(6),
+            window_rope: SwaRope::OwnBaseUnscaled,
+            ..CAUSAL
+        },
         scale_by_key_length: true,
         ..BASE
     },
@@ -371,6 +407,10 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
         rope: RopeStyle::None,
         ffn: FfnKind::Gelu,
         residual: Residual::PostNorm,
+        attention: AttentionSpec {
+            mask: Mask::Bidirectional,
+            ..CAUSAL
+        },
         learned_positions: true,
         output: Output::Embeddings,
         ..BASE
@@ -387,10 +427,13 @@ pub const ARCHITECTURES: &[ArchSpec] = &[
             shared_expert: false,
             biases: true,
         }),
-        swa: SwaPattern::LastOfGroup(2),
-        swa_rope: SwaRope::SameUnlessBaseKey,
+        attention: AttentionSpec {
+            sinks: Sinks::PerHead,
+            window: SwaPattern::LastOfGroup(2),
+            window_rope: SwaRope::SameUnlessBaseKey,
+            ..CAUSAL
+        },
         ffn_norm: "post_attention_norm",
-        attn_sinks: true,
         ..BASE
     },
     ArchSpec {

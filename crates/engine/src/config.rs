@@ -3,7 +3,7 @@
 //! module is where it does.
 
 use crate::LoadError;
-use crate::arch::{ArchSpec, Experts, MoeSpec, NormKind, Output, SwaPattern, SwaRope};
+use crate::arch::{ArchSpec, Experts, Mask, MoeSpec, NormKind, Output, SwaPattern, SwaRope};
 use crate::rope::{RopeParams, RopeScaling};
 use llamay_gguf::{Metadata, Model as Gguf, Value};
 
@@ -42,8 +42,8 @@ pub struct Config {
     pub final_softcap: Option<f32>,
     /// The mixture of experts, when the FFN is one.
     pub moe: Option<MoeConfig>,
-    /// Whether a token sees only the positions up to its own (`attention.causal`,
-    /// default: true for a model with logits, false for an encoder).
+    /// Whether a token sees only the positions up to its own (`attention.causal`, else
+    /// the row's `attention.mask`).
     pub causal: bool,
     /// How an encoder's token states become one embedding (`pooling_type`).
     pub pooling: Pooling,
@@ -357,7 +357,7 @@ impl Config {
             n_ctx_orig,
         );
         // llama.cpp's rope_freq_base/scale_train_swa, as each family's loader sets them.
-        let rope_swa = match arch.swa_rope {
+        let rope_swa = match arch.attention.window_rope {
             SwaRope::Same => rope,
             SwaRope::SameUnlessBaseKey => match k.positive("rope.freq_base_swa")? {
                 Some(base) => RopeParams::new(
@@ -376,11 +376,11 @@ impl Config {
             }
         };
 
-        let n_swa = match arch.swa {
+        let n_swa = match arch.attention.window {
             SwaPattern::None => 0,
             SwaPattern::LastOfGroup(_) => k.count("attention.sliding_window")?.unwrap_or(0),
         };
-        let swa_layers = match (arch.swa, n_swa) {
+        let swa_layers = match (arch.attention.window, n_swa) {
             (SwaPattern::LastOfGroup(default_n), n) if n > 0 => {
                 let pattern = match md.get(&k.key("attention.sliding_window_pattern")) {
                     Some(Value::Array(a)) => {
@@ -449,7 +449,7 @@ impl Config {
             Some(v) => v.as_bool().ok_or_else(|| {
                 LoadError::Metadata(format!("'{}' is not a bool", k.key("attention.causal")))
             })?,
-            None => !encoder,
+            None => arch.attention.mask == Mask::Causal,
         };
         if !causal && !encoder {
             return Err(LoadError::Unsupported(format!(

@@ -3,7 +3,7 @@
 //! load fails naming it; every shape is checked against the config.
 
 use crate::LoadError;
-use crate::arch::{FfnKind, NormKind, Output, ParallelNorms, QkNorm, QkvLayout, Residual};
+use crate::arch::{FfnKind, NormKind, Output, ParallelNorms, QkNorm, QkvLayout, Residual, Sinks};
 use crate::config::{Config, MoeConfig, Pooling};
 use crate::rope::RopeFactors;
 use crate::tensor::{Matrix, vector};
@@ -582,7 +582,7 @@ impl<'a> Weights<'a> {
             let (q, k, v) = b.qkv(il, arch.qkv, e, [qd, kd, vd])?;
             let (q_norm, k_norm) = b.qk_norms(il, arch.qk_norm, cfg)?;
             let attn_out = b.linear(&p("attn_output"), cfg.n_head * cfg.head_dim_v, e)?;
-            let attn_sinks = (arch.attn_sinks)
+            let attn_sinks = (arch.attention.sinks == Sinks::PerHead)
                 .then(|| b.vector(&p("attn_sinks.weight"), cfg.n_head))
                 .transpose()?;
             let post_attn_norm = if arch.post_norms {

@@ -17,7 +17,7 @@ pub use hostile::{HostileModel, Outcome, exercise, hostile};
 
 use llamay_engine::arch::{
     ArchSpec, Experts, FfnKind, MoeSpec, NormKind, Output, ParallelNorms, QkNorm, QkvLayout,
-    Residual, RopeStyle, SwaPattern,
+    Residual, RopeStyle, Sinks, SwaPattern,
 };
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufWriter, Value, WriteError};
@@ -244,7 +244,7 @@ pub fn metadata(arch: &'static ArchSpec, d: &Dims) -> Vec<(String, Value<'static
         )),
         NormKind::Layer => kv.push((key(arch, "attention.layer_norm_epsilon"), Value::F32(1e-5))),
     }
-    if let SwaPattern::LastOfGroup(_) = arch.swa {
+    if let SwaPattern::LastOfGroup(_) = arch.attention.window {
         kv.push((key(arch, "attention.sliding_window"), u(8)));
     }
     if let Some(m) = mixture(arch) {
@@ -399,7 +399,7 @@ pub fn tensors(spec: &Spec) -> Vec<TensorDef> {
             QkNorm::PerHeadLayerIfPresent => {}
         }
         linear(&mut add, &p("attn_output"), qd, e);
-        if arch.attn_sinks {
+        if arch.attention.sinks == Sinks::PerHead {
             add(p("attn_sinks.weight"), vec![d.n_head], false);
         }
         if arch.post_norms {

@@ -7,8 +7,8 @@ use anyhow::{Context, bail};
 use llamay_engine::ARCHITECTURES;
 use llamay_engine::arch::REFUSED;
 use llamay_engine::arch::{
-    Experts, FfnKind, Gating, MoeSpec, NormKind, Output, ParallelNorms, QkNorm, QkvLayout,
-    Residual, RopeStyle, SwaPattern,
+    Experts, FfnKind, Gating, Mask, MoeSpec, NormKind, ParallelNorms, QkNorm, QkvLayout, Residual,
+    RopeStyle, Sinks, SwaPattern,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -118,15 +118,15 @@ fn render() -> anyhow::Result<String> {
             Residual::SequentialIfFfnNorm => "sequential (parallel, shared norm, without ffn_norm)",
             Residual::PostNorm => "post-norm (encoder: bidirectional, pooled embeddings)",
         };
-        let swa = match a.swa {
+        let swa = match a.attention.window {
             SwaPattern::None => "-".to_string(),
             SwaPattern::LastOfGroup(n) => format!("{} of {n} layers", n - 1),
         };
         let yes = |b: bool| if b { "yes" } else { "-" };
-        let attention = match (a.output, a.attn_sinks) {
-            (Output::Embeddings, _) => "bidirectional",
-            (Output::Logits, true) => "causal, a sink per head",
-            (Output::Logits, false) => "causal",
+        let attention = match (a.attention.mask, a.attention.sinks) {
+            (Mask::Bidirectional, _) => "bidirectional",
+            (Mask::Causal, Sinks::PerHead) => "causal, a sink per head",
+            (Mask::Causal, Sinks::None) => "causal",
         };
         let qk_norm = match a.qk_norm {
             QkNorm::None => "-",

@@ -235,10 +235,10 @@ unsafe fn tile_with<D: Dot>(ty: GgmlType, m: usize, t: &Tile) {
     }
 }
 
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q5_0: u8 = 2;
-const MXFP4: u8 = 3;
+pub(crate) const Q8_0: u8 = 0;
+pub(crate) const Q4_0: u8 = 1;
+pub(crate) const Q5_0: u8 = 2;
+pub(crate) const MXFP4: u8 = 3;
 
 /// Half `h` (rows 8h..8h+7) of the 64-byte line at `p`.
 #[inline(always)]
@@ -262,6 +262,19 @@ pub(crate) fn prefetch_ahead(p: *const u8, dist: usize) {
     // SAFETY: `prefetcht0` reads nothing architecturally and cannot fault; SSE is
     // part of x86-64.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(dist) as *const i8) }
+}
+
+/// A one-token pass's prefetch for quad `k` of block `b` of the 32-blocks (`legacy`):
+/// each quants line once (Q8_0's eight, the others' four), Q5_0's fifth bits nearer.
+#[inline(always)]
+pub(crate) fn prefetch_legacy<const F: u8>(p: &Tile, b: usize, k: usize) {
+    if F == Q8_0 {
+        prefetch_ahead(p.w.wrapping_add(b * 512 + k * 64), PREFETCH);
+    } else if k < 4 {
+        prefetch_ahead(p.w.wrapping_add(b * 256 + k * 64), PREFETCH);
+    } else if F == Q5_0 && k == 4 {
+        prefetch_ahead(p.w.wrapping_add(p.sec[1] + b * 64), PREFETCH / 4);
+    }
 }
 
 /// Four activation bytes at `p`, broadcast to every lane.
@@ -381,13 +394,7 @@ unsafe fn legacy<D: Dot, const T: usize, const F: u8, const HS: usize>(p: &Tile,
             let mut part = [[_mm256_setzero_si256(); T]; HS];
             for k in 0..8 {
                 if T == 1 {
-                    if F == Q8_0 {
-                        prefetch_ahead(p.w.add(b * 512 + k * 64), PREFETCH);
-                    } else if k < 4 {
-                        prefetch_ahead(p.w.add(b * 256 + k * 64), PREFETCH);
-                    } else if F == Q5_0 && k == 4 {
-                        prefetch_ahead(p.w.add(p.sec[1] + b * 64), PREFETCH / 4);
-                    }
+                    prefetch_legacy::<F>(p, b, k);
                 }
                 for hh in 0..HS {
                     let w = legacy_quad::<F>(p.w, p.sec[1], b, k, h0 + hh);

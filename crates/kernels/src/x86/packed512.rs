@@ -10,7 +10,7 @@
 //! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
 
 use crate::packed::{MXFP4_UNSIGNED, Tile};
-use crate::x86::packed256::{PREFETCH, prefetch_ahead};
+use crate::x86::packed256::{PREFETCH, prefetch_ahead, prefetch_legacy};
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
@@ -51,10 +51,7 @@ pub(crate) unsafe fn tile(ty: GgmlType, m: usize, t: &Tile) {
     }
 }
 
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q5_0: u8 = 2;
-const MXFP4: u8 = 3;
+use crate::x86::packed256::{MXFP4, Q4_0, Q5_0, Q8_0};
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
@@ -151,13 +148,7 @@ unsafe fn legacy<const T: usize, const F: u8>(p: &Tile) {
                 // One token streams the matrix from memory: ask for its lines ahead
                 // (see `packed256::PREFETCH`).
                 if T == 1 {
-                    if F == Q8_0 {
-                        prefetch_ahead(p.w.add(b * 512 + k * 64), PREFETCH);
-                    } else if k < 4 {
-                        prefetch_ahead(p.w.add(b * 256 + k * 64), PREFETCH);
-                    } else if F == Q5_0 && k == 4 {
-                        prefetch_ahead(p.w.add(p.sec[1] + b * 64), PREFETCH / 4);
-                    }
+                    prefetch_legacy::<F>(p, b, k);
                 }
                 let w = legacy_quad::<F>(p.w, p.sec[1], b, k);
                 for (t, acc) in iacc.iter_mut().enumerate() {
