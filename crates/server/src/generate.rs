@@ -249,8 +249,13 @@ pub async fn embed(model: &Loaded, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>
     encode(model, inputs).await
 }
 
-/// A cross-encoder's relevance score for each (query, document) pair.
-pub async fn rerank(model: &Loaded, query: &str, docs: &[String]) -> Result<Vec<f32>, ApiError> {
+/// A cross-encoder's relevance score for each (query, document) pair, and the tokens
+/// the pairs took.
+pub async fn rerank(
+    model: &Loaded,
+    query: &str,
+    docs: &[String],
+) -> Result<(Vec<f32>, usize), ApiError> {
     if !model.scheduler.reranker() {
         return Err(ApiError::field(
             "model",
@@ -260,15 +265,16 @@ pub async fn rerank(model: &Loaded, query: &str, docs: &[String]) -> Result<Vec<
             ),
         ));
     }
-    let inputs = docs
+    let inputs: Vec<Vec<u32>> = docs
         .iter()
         .map(|d| model.tok.encode_pair(query, d))
         .collect();
+    let n_tokens = inputs.iter().map(Vec::len).sum();
     let scores = encode(model, inputs).await?;
-    Ok(scores
-        .iter()
+    let scores = (scores.iter())
         .map(|s| s.first().copied().unwrap_or(f32::NAN))
-        .collect())
+        .collect();
+    Ok((scores, n_tokens))
 }
 
 /// Runs inputs through the model's encoder, one pooled row each.

@@ -821,10 +821,7 @@ async fn rerank(axum::extract::State(s): State, body: Body) -> Result<Response> 
         .map_or(docs.len(), |n| n as usize);
     let with_docs = f.bool("return_documents")?.unwrap_or(false);
     let model = s.registry.get(&name).await.map_err(ApiError::from)?;
-    let scores = generate::rerank(&model, &query, &docs).await?;
-    let n_tokens: usize = (docs.iter())
-        .map(|d| model.tok.encode_pair(&query, d).len())
-        .sum();
+    let (scores, n_tokens) = generate::rerank(&model, &query, &docs).await?;
     let mut order: Vec<usize> = (0..docs.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
     let results: Vec<Value> = (order.iter().take(top_n))
