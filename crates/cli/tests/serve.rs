@@ -1135,8 +1135,8 @@ fn serve_api_pull_streams_progress_and_the_pulled_model_serves() {
 }
 
 /// An encoder (all-MiniLM-L6-v2 from scripts/convert-bert) serves embeddings pooled as
-/// its file says, equal to `llamay embed`'s (the server's f16 cache rounds keys and
-/// values: cosine, not bits), and refuses generation by name.
+/// its file says, equal to `llamay embed`'s to rounding (an encoder keeps no KV cache,
+/// so the server's cache precision does not touch it), and refuses generation by name.
 #[test]
 fn serve_embeds_with_an_encoder_and_refuses_it_text() {
     let Some(m) =
@@ -1152,9 +1152,14 @@ fn serve_embeds_with_an_encoder_and_refuses_it_text() {
     let mut args = vec!["embed", m.to_str().unwrap(), "--output", "array", "-p"];
     args.extend(texts);
     let want: Vec<Vec<f64>> = serde_json::from_str(&ok_stdout(&llamay(&args))).unwrap();
+    // Within rounding of the normalisation (the server's runs in f64).
     for (g, w) in got.iter().zip(&want) {
-        let dot: f64 = g.iter().zip(w).map(|(a, b)| a * b).sum();
-        assert!(dot > 0.99999, "cosine {dot}");
+        let worst = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-6, "max |Δ| {worst} from the CLI's vector");
     }
     let (st, v) = s.post(
         "/v1/embeddings",
@@ -1208,10 +1213,10 @@ fn serve_reranks_with_a_cross_encoder() {
     for r in results {
         let i = r["index"].as_u64().unwrap() as usize;
         let got = r["relevance_score"].as_f64().unwrap();
-        // The server's f16 cache rounds keys and values (the CLI test checks the f32
-        // path to 1e-4).
+        // As the CLI's (crates/cli/tests/embed.rs): an encoder attends over f32 keys
+        // and values whatever the server's cache precision.
         assert!(
-            (got - scores[i]).abs() < 0.05,
+            (got - scores[i]).abs() < 2e-3,
             "document {i}: {got} vs {}",
             scores[i]
         );

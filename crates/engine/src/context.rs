@@ -63,9 +63,11 @@ impl<'a> Model<'a> {
         let windows = (c.swa_layers.iter())
             .map(|&swa| (swa && c.n_swa > 0).then_some(c.n_swa))
             .collect();
-        let budget = p
-            .kv_budget_tokens
-            .unwrap_or(p.n_ctx.saturating_add(crate::kv::PAGE));
+        // An encoder attends over each batch's own keys and values and keeps none.
+        let budget = match c.causal {
+            true => (p.kv_budget_tokens).unwrap_or(p.n_ctx.saturating_add(crate::kv::PAGE)),
+            false => 0,
+        };
         Ok(Context {
             model: self,
             pool: ThreadPool::new(p.threads.0.max(1)),

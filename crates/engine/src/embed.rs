@@ -14,8 +14,9 @@ pub const EMBED_BATCH_TOKENS: usize = 2048;
 /// Most texts one encoding batch carries.
 pub const EMBED_BATCH_SEQS: usize = 64;
 
-/// The KV budget (positions per layer) a context needs for [`Context::embed`]'s
-/// batches: every sequence of a batch holds whole pages.
+/// The KV budget (positions per layer) a decoder's context needs for
+/// [`Context::embed`]'s batches: every sequence of a batch holds whole pages. (An
+/// encoder's context holds no pages whatever its budget.)
 pub fn embed_kv_budget(n_ctx: usize) -> usize {
     EMBED_BATCH_TOKENS.max(n_ctx) + EMBED_BATCH_SEQS * crate::kv::PAGE
 }

@@ -5,7 +5,7 @@ use crate::arch::{FfnKind, NormKind, Output, RopeStyle};
 use crate::attention::{self, Shape, Slot};
 use crate::batch::{BatchToken, Hidden, Logits};
 use crate::context::Context;
-use crate::kv::{LayerKv, SeqId};
+use crate::kv::{LayerKv, SeqId, Targets, TransientKv};
 use crate::moe::{self, MoeScratch};
 use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm, swiglu_oai};
 use crate::rope::{self, RopeParams};
@@ -246,10 +246,12 @@ impl Context<'_> {
                 std::collections::btree_map::Entry::Vacant(e) => {
                     let len = (self.kv.len(bt.seq))
                         .map_err(|_| DecodeError::UnknownSequence { seq: bt.seq })?;
-                    if !cfg.causal && len != 0 {
+                    // An encoder keeps nothing between batches (its sequences stay
+                    // empty): each batch holds its sequences whole.
+                    if !cfg.causal && bt.pos != 0 {
                         return Err(DecodeError::EncoderNeedsWholeSequence {
                             seq: bt.seq,
-                            pos: len,
+                            pos: bt.pos,
                             arch: cfg.arch.name,
                         });
                     }
@@ -285,14 +287,19 @@ impl Context<'_> {
             }
             *expected += 1;
         }
-        // The pages every token writes, present and private (copy on write); the
-        // budget is checked before any page changes hands.
         let seqs: Vec<SeqId> = next.keys().copied().collect();
         let plan: Vec<(SeqId, usize)> = (seqs.iter())
             .map(|&s| (s, batch.iter().filter(|b| b.seq == s).count()))
             .collect();
-        let order: Vec<(SeqId, usize)> = batch.iter().map(|b| (b.seq, b.pos)).collect();
-        let targets = self.kv.reserve(&plan, &order)?;
+        let mut cache = if cfg.causal {
+            // The pages every token writes, present and private (copy on write); the
+            // budget is checked before any page changes hands.
+            let order: Vec<(SeqId, usize)> = batch.iter().map(|b| (b.seq, b.pos)).collect();
+            BatchKv::Pool(self.kv.reserve(&plan, &order)?)
+        } else {
+            let lens: Vec<usize> = plan.iter().map(|&(_, n)| n).collect();
+            BatchKv::Transient(TransientKv::new(cfg.k_dim(), cfg.v_dim(), &lens))
+        };
         let slots: Vec<Slot> = batch
             .iter()
             .map(|b| Slot {
@@ -398,13 +405,22 @@ impl Context<'_> {
                     });
                 }
             }
-            let store = self.kv.store_mut();
-            for (t, &(page, slot)) in targets[il].iter().enumerate() {
-                let (k, v) = (&s.k[t * kd..(t + 1) * kd], &s.v[t * vd..(t + 1) * vd]);
-                store.write(page, slot, k, v);
-            }
-
-            let views: Vec<_> = seqs.iter().map(|&q| self.kv.layer(q, il)).collect();
+            let kv_rows = (s.k.chunks_exact(kd)).zip(s.v.chunks_exact(vd));
+            let views: Vec<_> = match &mut cache {
+                BatchKv::Pool(targets) => {
+                    let store = self.kv.store_mut();
+                    for (&(page, slot), (k, v)) in targets[il].iter().zip(kv_rows) {
+                        store.write(page, slot, k, v);
+                    }
+                    seqs.iter().map(|&q| self.kv.layer(q, il)).collect()
+                }
+                BatchKv::Transient(t) => {
+                    for (sl, (k, v)) in slots.iter().zip(kv_rows) {
+                        t.write(sl.seq, sl.pos, k, v);
+                    }
+                    (0..seqs.len()).map(|i| t.layer(i)).collect()
+                }
+            };
             let sinks = layer.attn_sinks.as_deref();
             let attn = model.attention(&views, &slots, &s.q, swa, sinks, threads);
             linear(&layer.attn_out, &attn, &mut s.act, &mut s.o, threads);
@@ -443,11 +459,13 @@ impl Context<'_> {
                 apply_norm(&mut x, out, kind, eps, e, threads);
             }
         }
-        for &q in &seqs {
-            let tokens: Vec<u32> = (batch.iter().filter(|b| b.seq == q))
-                .map(|b| b.token)
-                .collect();
-            self.kv.commit(q, &tokens);
+        if let BatchKv::Pool(_) = cache {
+            for &q in &seqs {
+                let tokens: Vec<u32> = (batch.iter().filter(|b| b.seq == q))
+                    .map(|b| b.token)
+                    .collect();
+                self.kv.commit(q, &tokens);
+            }
         }
 
         let index: Vec<usize> = batch
@@ -473,6 +491,14 @@ impl Context<'_> {
         }
         Ok((index, values))
     }
+}
+
+/// Where a batch's keys and values go.
+enum BatchKv {
+    /// A decoder's: the context's pool, at each token's (page, slot) per layer.
+    Pool(Targets),
+    /// An encoder's: pages of the batch alone, gone after it.
+    Transient(TransientKv),
 }
 
 /// What a batch's flagged tokens give back.

@@ -698,6 +698,55 @@ impl KvPool {
     }
 }
 
+/// An encoder batch's keys and values, which no later batch reads: f32 pages (as
+/// llama.cpp's encoders attend over the batch's own f32 K and V, with no cache) for
+/// one layer, overwritten by each layer in turn since a layer reads only its own.
+/// Built per batch and dropped after it: an encoder context keeps no KV cache.
+pub(crate) struct TransientKv {
+    store: PageStore,
+    /// Each sequence's pages, in batch order of first appearance.
+    tables: Vec<Vec<Option<u32>>>,
+}
+
+impl TransientKv {
+    /// Room for sequences of `lens` positions.
+    pub(crate) fn new(k_dim: usize, v_dim: usize, lens: &[usize]) -> TransientKv {
+        let pages = lens.iter().map(|l| l.div_ceil(PAGE)).sum();
+        let mut store = PageStore {
+            precision: KvPrecision::F32,
+            k_dim,
+            v_dim,
+            k: Vec::with_capacity(pages),
+            v: Vec::with_capacity(pages),
+            refs: Vec::with_capacity(pages),
+            free: Vec::new(),
+            budget: pages,
+        };
+        let tables = (lens.iter())
+            .map(|l| {
+                (0..l.div_ceil(PAGE))
+                    .map(|_| Some(store.alloc().expect("sized to the batch")))
+                    .collect()
+            })
+            .collect();
+        TransientKv { store, tables }
+    }
+
+    /// Writes position `pos` of sequence `seq` (an index into the `lens` given).
+    pub(crate) fn write(&mut self, seq: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let id = self.tables[seq][pos / PAGE].expect("every page allocated in new");
+        self.store.write(id, pos % PAGE, k, v);
+    }
+
+    /// Sequence `seq` as attention reads it (the layer last written).
+    pub(crate) fn layer(&self, seq: usize) -> LayerKv<'_> {
+        LayerKv {
+            store: &self.store,
+            table: &self.tables[seq],
+        }
+    }
+}
+
 /// First position a token at `pos` sees.
 pub(crate) fn first_seen(pos: usize, window: Option<usize>) -> usize {
     match window {

@@ -296,6 +296,19 @@ fn an_encoder_reads_each_sequence_whole() {
                 let h = ctx.hidden(&both).unwrap();
                 let e = m.config().n_embd;
                 assert_same_bits(&alone, &h.values[other.len() * e..], e, arch.name);
+                // No KV cache: the batches attended over their own keys and values,
+                // and the context never held a page.
+                let usage = ctx.kv().usage();
+                assert_eq!(
+                    (
+                        usage.pages_total,
+                        usage.pages_allocated,
+                        ctx.kv().len(a).unwrap()
+                    ),
+                    (0, 0, 0),
+                    "{}: an encoder's context holds no KV",
+                    arch.name
+                );
                 let more = ctx.hidden(&batch(a, &toks[..1], N_TOKENS));
                 assert!(
                     matches!(more, Err(DecodeError::EncoderNeedsWholeSequence { .. })),

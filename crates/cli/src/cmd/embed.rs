@@ -117,6 +117,8 @@ impl Encode<'_> {
         let pooling = pooling(model.config().pooling)?;
         let ids = tokenize(&tok, gguf.metadata())?;
         check_fits(&ids, n_ctx)?;
+        // A decoder's pages for a batch of texts; an encoder keeps none (its batches
+        // attend over their own f32 keys and values).
         let mut params = ContextParams::new(threads, KvPrecision::F32, n_ctx);
         params.kv_budget_tokens = Some(embed_kv_budget(n_ctx));
         let mut ctx = model.context(params)?;
