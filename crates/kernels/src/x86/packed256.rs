@@ -228,10 +228,38 @@ unsafe fn tile_with<D: Dot>(ty: GgmlType, m: usize, t: &Tile) {
         GgmlType::Q4_0 => by_m!(2; legacy, Q4_0),
         GgmlType::Q5_0 => by_m!(2; legacy, Q5_0),
         GgmlType::MXFP4 => by_m!(2; legacy, MXFP4),
-        GgmlType::Q4_K => by_m!(1; k45, false),
-        GgmlType::Q5_K => by_m!(1; k45, true),
-        GgmlType::Q6_K => by_m!(2; q6_k),
+        GgmlType::Q4_K if m == 1 => by_m!(1; k45, false),
+        GgmlType::Q5_K if m == 1 => by_m!(1; k45, true),
+        // SAFETY: forwarded from the caller.
+        GgmlType::Q4_K => unsafe { k45_by_m::<D, false>(m, t) },
+        // SAFETY: forwarded from the caller.
+        GgmlType::Q5_K => unsafe { k45_by_m::<D, true>(m, t) },
+        GgmlType::Q6_K if m == 1 => by_m!(2; q6_k),
+        // SAFETY: forwarded from the caller.
+        GgmlType::Q6_K => unsafe {
+            match m {
+                2 => (0..2).for_each(|h| q6_k_pairs::<D, 2>(t, h)),
+                3 => (0..2).for_each(|h| q6_k_pairs::<D, 3>(t, h)),
+                _ => (0..2).for_each(|h| q6_k_pairs::<D, TILE>(t, h)),
+            }
+        },
         _ => {}
+    }
+}
+
+/// `k45_pairs` for `m` tokens (2..=TILE), both halves.
+///
+/// # Safety
+/// As `tile_with`.
+#[inline(always)]
+unsafe fn k45_by_m<D: Dot, const Q5: bool>(m: usize, t: &Tile) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match m {
+            2 => (0..2).for_each(|h| k45_pairs::<D, 2, Q5>(t, h)),
+            3 => (0..2).for_each(|h| k45_pairs::<D, 3, Q5>(t, h)),
+            _ => (0..2).for_each(|h| k45_pairs::<D, TILE, Q5>(t, h)),
+        }
     }
 }
 
@@ -445,22 +473,14 @@ unsafe fn legacy<D: Dot, const T: usize, const F: u8, const HS: usize>(p: &Tile,
 unsafe fn k45<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: &Tile, h0: usize) {
     let nb = p.nb;
     // Sections after the nibbles (Q5_K has its fifth bits first).
-    let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = if Q5 {
-        [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
-    } else {
-        [0, p.sec[1], p.sec[2], p.sec[3], p.sec[4]]
-    };
+    let [hi_sec, sc_sec, ..] = k45_sections::<Q5>(p);
     let fold = D::quads(if Q5 { 5 } else { 4 });
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
         // The running sums live in `out`, not in registers: with the block sums and the
         // sub-block sums, 16 ymm are too few (measured: faster than the spills).
-        for hh in 0..HS {
-            for t in 0..T {
-                _mm256_storeu_ps(out_at(p, t, h0 + hh), _mm256_setzero_ps());
-            }
-        }
+        zero_out::<T>(p, h0, HS);
         for b in 0..nb {
             let mut sumi = [[_mm256_setzero_si256(); T]; HS];
             for j in 0..8 {
@@ -503,35 +523,127 @@ unsafe fn k45<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: &Tile,
                 }
             }
             for (hh, si) in sumi.iter().enumerate() {
-                let h = h0 + hh;
-                // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
-                let mut mpair = [_mm256_setzero_si256(); 4];
-                for (q, mp) in mpair.iter_mut().enumerate() {
-                    let m0 = bytes8::<false>(p.w.add(mn_sec + b * 128 + (2 * q) * 16), h);
-                    let m1 = bytes8::<false>(p.w.add(mn_sec + b * 128 + (2 * q + 1) * 16), h);
-                    *mp = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
-                }
-                let d = scales8(p.w.add(d_sec + b * 32), h);
-                let dmin = scales8(p.w.add(dmin_sec + b * 32), h);
-                for (t, si) in si.iter().enumerate() {
-                    let o = out_at(p, t, h);
-                    let aux = p.aux.add((t * p.prep_stride + b) * 4);
-                    let mut summs = _mm256_setzero_si256();
-                    for (q, mp) in mpair.iter().enumerate() {
-                        summs = D::dot2_i16(summs, *mp, _mm256_set1_epi32(*aux.add(q)));
+                k45_block_end::<D, T, Q5>(p, b, h0 + hh, si);
+            }
+        }
+    }
+}
+
+/// Sections of a packed Q4_K or Q5_K group after the nibbles: fifth bits (Q5_K), scales,
+/// mins, d, dmin.
+#[inline(always)]
+fn k45_sections<const Q5: bool>(p: &Tile) -> [usize; 5] {
+    if Q5 {
+        [p.sec[1], p.sec[2], p.sec[3], p.sec[4], p.sec[5]]
+    } else {
+        [0, p.sec[1], p.sec[2], p.sec[3], p.sec[4]]
+    }
+}
+
+/// Zeroes the outputs of tokens `..T`, halves `h0..h0 + HS` (the block loop adds to them).
+#[inline(always)]
+unsafe fn zero_out<const T: usize>(p: &Tile, h0: usize, hs: usize) {
+    // SAFETY: the caller's contract (the tile's outputs).
+    unsafe {
+        for h in h0..h0 + hs {
+            for t in 0..T {
+                _mm256_storeu_ps(out_at(p, t, h), _mm256_setzero_ps());
+            }
+        }
+    }
+}
+
+/// The end of block `b` of a Q4_K/Q5_K tile, half `h`: each token's scaled sub-block
+/// sums `sumi` times `d · dy`, less the mins against the activations' sub-block sums
+/// times `dmin · dy`, added to its outputs.
+#[inline(always)]
+unsafe fn k45_block_end<D: Dot, const T: usize, const Q5: bool>(
+    p: &Tile,
+    b: usize,
+    h: usize,
+    sumi: &[__m256i; T],
+) {
+    let [_, _, mn_sec, d_sec, dmin_sec] = k45_sections::<Q5>(p);
+    // SAFETY: as in `legacy`.
+    unsafe {
+        // The mins, as i16 pairs (m_2q, m_2q+1) per lane.
+        let mut mpair = [_mm256_setzero_si256(); 4];
+        for (q, mp) in mpair.iter_mut().enumerate() {
+            let m0 = bytes8::<false>(p.w.add(mn_sec + b * 128 + (2 * q) * 16), h);
+            let m1 = bytes8::<false>(p.w.add(mn_sec + b * 128 + (2 * q + 1) * 16), h);
+            *mp = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
+        }
+        let d = scales8(p.w.add(d_sec + b * 32), h);
+        let dmin = scales8(p.w.add(dmin_sec + b * 32), h);
+        for (t, si) in sumi.iter().enumerate() {
+            let o = out_at(p, t, h);
+            let aux = p.aux.add((t * p.prep_stride + b) * 4);
+            let mut summs = _mm256_setzero_si256();
+            for (q, mp) in mpair.iter().enumerate() {
+                summs = D::dot2_i16(summs, *mp, _mm256_set1_epi32(*aux.add(q)));
+            }
+            let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
+            let x = _mm256_add_ps(
+                _mm256_loadu_ps(o),
+                _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si)),
+            );
+            let acc = _mm256_sub_ps(
+                x,
+                _mm256_mul_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(summs)),
+            );
+            _mm256_storeu_ps(o, acc);
+        }
+    }
+}
+
+/// Q4_K (and Q5_K with `Q5`) for several tokens, one half `h` per pass: sub-blocks in
+/// pairs (2i, 2i + 1), whose weights are the low and high nibbles of the same lines, so
+/// each line is loaded once for both and the two sub-blocks' sums run as independent
+/// chains (a `vpdpbusd` waits five cycles for its accumulator; four tokens alone left
+/// AVX-VNNI latency-bound).
+#[inline(always)]
+unsafe fn k45_pairs<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
+    let [hi_sec, sc_sec, ..] = k45_sections::<Q5>(p);
+    let fold = D::quads(if Q5 { 5 } else { 4 });
+    // SAFETY: as in `legacy`.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        zero_out::<T>(p, h, 1);
+        for b in 0..p.nb {
+            let mut sumi = [_mm256_setzero_si256(); T];
+            for jp in 0..4 {
+                let (j0, j1) = (2 * jp, 2 * jp + 1);
+                let mut lo = [_mm256_setzero_si256(); T];
+                let mut hi = [_mm256_setzero_si256(); T];
+                for kk in 0..8 {
+                    let v = load_half(p.w.add(b * 2048 + (jp * 8 + kk) * 64), h);
+                    let mut w0 = _mm256_and_si256(v, m4);
+                    let mut w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if Q5 {
+                        w0 = add_fifth_bit(w0, p.w.add(hi_sec + b * 512 + (8 * j0 + kk) * 8), h);
+                        w1 = add_fifth_bit(w1, p.w.add(hi_sec + b * 512 + (8 * j1 + kk) * 8), h);
                     }
-                    let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                    let x = _mm256_add_ps(
-                        _mm256_loadu_ps(o),
-                        _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si)),
-                    );
-                    let acc = _mm256_sub_ps(
-                        x,
-                        _mm256_mul_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(summs)),
-                    );
-                    _mm256_storeu_ps(o, acc);
+                    for t in 0..T {
+                        let at = t * p.a_stride + b * 292 + 4 + 4 * kk;
+                        lo[t] = D::partial(lo[t], w0, bcast4(p.a.add(at + 32 * j0)));
+                        hi[t] = D::partial(hi[t], w1, bcast4(p.a.add(at + 32 * j1)));
+                    }
+                    if (kk + 1) % fold == 0 || kk == 7 {
+                        let s0 = D::scale::<false>(p.w.add(sc_sec + b * 128 + j0 * 16), h);
+                        let s1 = D::scale::<false>(p.w.add(sc_sec + b * 128 + j1 * 16), h);
+                        for t in 0..T {
+                            let both = _mm256_add_epi32(
+                                D::widen_scaled(lo[t], s0),
+                                D::widen_scaled(hi[t], s1),
+                            );
+                            sumi[t] = _mm256_add_epi32(sumi[t], both);
+                            lo[t] = _mm256_setzero_si256();
+                            hi[t] = _mm256_setzero_si256();
+                        }
+                    }
                 }
             }
+            k45_block_end::<D, T, Q5>(p, b, h, &sumi);
         }
     }
 }
@@ -618,6 +730,86 @@ unsafe fn q6_k<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usize) {
         for (hh, fa) in facc.iter().enumerate() {
             for (t, acc) in fa.iter().enumerate() {
                 _mm256_storeu_ps(out_at(p, t, h0 + hh), *acc);
+            }
+        }
+    }
+}
+
+/// Q6_K for several tokens, one half `h` per pass: sub-blocks in pairs (s, s + 8), whose
+/// quads (q, q + 32) are the low and high nibbles of one line and whose high bits are
+/// two shifts of another, so each line is loaded once for both and the pair's sums run
+/// as independent chains (see `k45_pairs`).
+#[inline(always)]
+unsafe fn q6_k_pairs<D: Dot, const T: usize>(p: &Tile, h: usize) {
+    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
+    // SAFETY: as in `legacy`.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        let m30 = _mm256_set1_epi8(0x30);
+        let fold = D::quads(6);
+        zero_out::<T>(p, h, 1);
+        for b in 0..p.nb {
+            let mut sumi = [_mm256_setzero_si256(); T];
+            for s0 in 0..8 {
+                let s1 = s0 + 8;
+                let aux = |t: usize, s: usize| *p.aux.add((t * p.prep_stride + b) * 16 + s);
+                let mut acc0: [__m256i; T] =
+                    core::array::from_fn(|t| _mm256_set1_epi32(aux(t, s0)));
+                let mut acc1: [__m256i; T] =
+                    core::array::from_fn(|t| _mm256_set1_epi32(aux(t, s1)));
+                let mut part0 = [_mm256_setzero_si256(); T];
+                let mut part1 = [_mm256_setzero_si256(); T];
+                for qq in 0..4 {
+                    let q = 4 * s0 + qq;
+                    let lo = load_half(p.w.add(b * 2048 + q * 64), h);
+                    let hi = load_half(p.w.add(hi_sec + b * 1024 + (q % 16) * 64), h);
+                    // Sub-block s takes bits 2(s/4)..+1 of the high byte to bits 4..5.
+                    let (hi0, hi1) = if s0 < 4 {
+                        (_mm256_slli_epi16(hi, 4), hi)
+                    } else {
+                        (_mm256_slli_epi16(hi, 2), _mm256_srli_epi16(hi, 2))
+                    };
+                    let w0 = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi0, m30));
+                    let w1 = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
+                        _mm256_and_si256(hi1, m30),
+                    );
+                    for t in 0..T {
+                        let at = t * p.a_stride + b * 292 + 4 + 4 * q;
+                        let (a0, a1) = (bcast4(p.a.add(at)), bcast4(p.a.add(at + 128)));
+                        if D::WIDE {
+                            acc0[t] = D::partial(acc0[t], w0, a0);
+                            acc1[t] = D::partial(acc1[t], w1, a1);
+                        } else {
+                            part0[t] = D::partial(part0[t], w0, a0);
+                            part1[t] = D::partial(part1[t], w1, a1);
+                        }
+                    }
+                    if !D::WIDE && (qq + 1) % fold == 0 {
+                        for t in 0..T {
+                            acc0[t] = _mm256_add_epi32(acc0[t], D::widen(part0[t]));
+                            acc1[t] = _mm256_add_epi32(acc1[t], D::widen(part1[t]));
+                            part0[t] = _mm256_setzero_si256();
+                            part1[t] = _mm256_setzero_si256();
+                        }
+                    }
+                }
+                let sc0 = bytes8::<true>(p.w.add(sc_sec + b * 256 + s0 * 16), h);
+                let sc1 = bytes8::<true>(p.w.add(sc_sec + b * 256 + s1 * 16), h);
+                for t in 0..T {
+                    let both = _mm256_add_epi32(
+                        _mm256_mullo_epi32(acc0[t], sc0),
+                        _mm256_mullo_epi32(acc1[t], sc1),
+                    );
+                    sumi[t] = _mm256_add_epi32(sumi[t], both);
+                }
+            }
+            let d = scales8(p.w.add(d_sec + b * 32), h);
+            for (t, si) in sumi.iter().enumerate() {
+                let o = out_at(p, t, h);
+                let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
+                let x = _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si));
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), x));
             }
         }
     }
