@@ -228,38 +228,10 @@ unsafe fn tile_with<D: Dot>(ty: GgmlType, m: usize, t: &Tile) {
         GgmlType::Q4_0 => by_m!(2; legacy, Q4_0),
         GgmlType::Q5_0 => by_m!(2; legacy, Q5_0),
         GgmlType::MXFP4 => by_m!(2; legacy, MXFP4),
-        GgmlType::Q4_K if m == 1 => by_m!(1; k45, false),
-        GgmlType::Q5_K if m == 1 => by_m!(1; k45, true),
-        // SAFETY: forwarded from the caller.
-        GgmlType::Q4_K => unsafe { k45_by_m::<D, false>(m, t) },
-        // SAFETY: forwarded from the caller.
-        GgmlType::Q5_K => unsafe { k45_by_m::<D, true>(m, t) },
-        GgmlType::Q6_K if m == 1 => by_m!(2; q6_k),
-        // SAFETY: forwarded from the caller.
-        GgmlType::Q6_K => unsafe {
-            match m {
-                2 => (0..2).for_each(|h| q6_k_pairs::<D, 2>(t, h)),
-                3 => (0..2).for_each(|h| q6_k_pairs::<D, 3>(t, h)),
-                _ => (0..2).for_each(|h| q6_k_pairs::<D, TILE>(t, h)),
-            }
-        },
+        GgmlType::Q4_K => by_m!(2; k45_pairs, false),
+        GgmlType::Q5_K => by_m!(2; k45_pairs, true),
+        GgmlType::Q6_K => by_m!(2; q6_k_pairs),
         _ => {}
-    }
-}
-
-/// `k45_pairs` for `m` tokens (2..=TILE), both halves.
-///
-/// # Safety
-/// As `tile_with`.
-#[inline(always)]
-unsafe fn k45_by_m<D: Dot, const Q5: bool>(m: usize, t: &Tile) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match m {
-            2 => (0..2).for_each(|h| k45_pairs::<D, 2, Q5>(t, h)),
-            3 => (0..2).for_each(|h| k45_pairs::<D, 3, Q5>(t, h)),
-            _ => (0..2).for_each(|h| k45_pairs::<D, TILE, Q5>(t, h)),
-        }
     }
 }
 
@@ -468,67 +440,6 @@ unsafe fn legacy<D: Dot, const T: usize, const F: u8, const HS: usize>(p: &Tile,
     }
 }
 
-/// Q4_K (and Q5_K with `Q5`) against Q8_K, as `packed512::k45`; halves `h0..h0 + HS`.
-#[inline(always)]
-unsafe fn k45<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: &Tile, h0: usize) {
-    let nb = p.nb;
-    // Sections after the nibbles (Q5_K has its fifth bits first).
-    let [hi_sec, sc_sec, ..] = k45_sections::<Q5>(p);
-    let fold = D::quads(if Q5 { 5 } else { 4 });
-    // SAFETY: as in `legacy`.
-    unsafe {
-        let m4 = _mm256_set1_epi8(0xF);
-        // The running sums live in `out`, not in registers: with the block sums and the
-        // sub-block sums, 16 ymm are too few (measured: faster than the spills).
-        zero_out::<T>(p, h0, HS);
-        for b in 0..nb {
-            let mut sumi = [[_mm256_setzero_si256(); T]; HS];
-            for j in 0..8 {
-                let mut sc = [_mm256_setzero_si256(); HS];
-                for (hh, s) in sc.iter_mut().enumerate() {
-                    *s = D::scale::<false>(p.w.add(sc_sec + b * 128 + j * 16), h0 + hh);
-                }
-                let mut part = [[_mm256_setzero_si256(); T]; HS];
-                for kk in 0..8 {
-                    if T == 1 && h0 == 0 {
-                        if j % 2 == 0 {
-                            prefetch_ahead(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64), PREFETCH);
-                        }
-                        if Q5 && kk == 0 {
-                            prefetch_ahead(p.w.add(hi_sec + b * 512 + 64 * j), PREFETCH / 4);
-                        }
-                    }
-                    for hh in 0..HS {
-                        let h = h0 + hh;
-                        let v = load_half(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64), h);
-                        let mut w = if j % 2 == 0 {
-                            _mm256_and_si256(v, m4)
-                        } else {
-                            _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
-                        };
-                        if Q5 {
-                            w = add_fifth_bit(w, p.w.add(hi_sec + b * 512 + (8 * j + kk) * 8), h);
-                        }
-                        for (t, pt) in part[hh].iter_mut().enumerate() {
-                            let at = t * p.a_stride + b * 292 + 4 + 32 * j + 4 * kk;
-                            *pt = D::partial(*pt, w, bcast4(p.a.add(at)));
-                        }
-                        if (kk + 1) % fold == 0 || kk == 7 {
-                            for (s, pt) in sumi[hh].iter_mut().zip(part[hh].iter_mut()) {
-                                *s = _mm256_add_epi32(*s, D::widen_scaled(*pt, sc[hh]));
-                                *pt = _mm256_setzero_si256();
-                            }
-                        }
-                    }
-                }
-            }
-            for (hh, si) in sumi.iter().enumerate() {
-                k45_block_end::<D, T, Q5>(p, b, h0 + hh, si);
-            }
-        }
-    }
-}
-
 /// Sections of a packed Q4_K or Q5_K group after the nibbles: fifth bits (Q5_K), scales,
 /// mins, d, dmin.
 #[inline(always)]
@@ -602,134 +513,63 @@ unsafe fn k45_block_end<D: Dot, const T: usize, const Q5: bool>(
 /// chains (a `vpdpbusd` waits five cycles for its accumulator; four tokens alone left
 /// AVX-VNNI latency-bound).
 #[inline(always)]
-unsafe fn k45_pairs<D: Dot, const T: usize, const Q5: bool>(p: &Tile, h: usize) {
+unsafe fn k45_pairs<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: &Tile, h0: usize) {
     let [hi_sec, sc_sec, ..] = k45_sections::<Q5>(p);
     let fold = D::quads(if Q5 { 5 } else { 4 });
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
-        zero_out::<T>(p, h, 1);
+        zero_out::<T>(p, h0, HS);
         for b in 0..p.nb {
-            let mut sumi = [_mm256_setzero_si256(); T];
+            let mut sumi = [[_mm256_setzero_si256(); T]; HS];
             for jp in 0..4 {
                 let (j0, j1) = (2 * jp, 2 * jp + 1);
-                let mut lo = [_mm256_setzero_si256(); T];
-                let mut hi = [_mm256_setzero_si256(); T];
+                let mut lo = [[_mm256_setzero_si256(); T]; HS];
+                let mut hi = [[_mm256_setzero_si256(); T]; HS];
                 for kk in 0..8 {
-                    let v = load_half(p.w.add(b * 2048 + (jp * 8 + kk) * 64), h);
-                    let mut w0 = _mm256_and_si256(v, m4);
-                    let mut w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    if Q5 {
-                        w0 = add_fifth_bit(w0, p.w.add(hi_sec + b * 512 + (8 * j0 + kk) * 8), h);
-                        w1 = add_fifth_bit(w1, p.w.add(hi_sec + b * 512 + (8 * j1 + kk) * 8), h);
-                    }
-                    for t in 0..T {
-                        let at = t * p.a_stride + b * 292 + 4 + 4 * kk;
-                        lo[t] = D::partial(lo[t], w0, bcast4(p.a.add(at + 32 * j0)));
-                        hi[t] = D::partial(hi[t], w1, bcast4(p.a.add(at + 32 * j1)));
-                    }
-                    if (kk + 1) % fold == 0 || kk == 7 {
-                        let s0 = D::scale::<false>(p.w.add(sc_sec + b * 128 + j0 * 16), h);
-                        let s1 = D::scale::<false>(p.w.add(sc_sec + b * 128 + j1 * 16), h);
-                        for t in 0..T {
-                            let both = _mm256_add_epi32(
-                                D::widen_scaled(lo[t], s0),
-                                D::widen_scaled(hi[t], s1),
-                            );
-                            sumi[t] = _mm256_add_epi32(sumi[t], both);
-                            lo[t] = _mm256_setzero_si256();
-                            hi[t] = _mm256_setzero_si256();
-                        }
-                    }
-                }
-            }
-            k45_block_end::<D, T, Q5>(p, b, h, &sumi);
-        }
-    }
-}
-
-/// Q6_K against Q8_K, as `packed512::q6_k`; halves `h0..h0 + HS`.
-#[inline(always)]
-unsafe fn q6_k<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usize) {
-    let nb = p.nb;
-    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
-    // SAFETY: as in `legacy`.
-    unsafe {
-        let m4 = _mm256_set1_epi8(0xF);
-        let m30 = _mm256_set1_epi8(0x30);
-        let fold = D::quads(6);
-        let mut facc = [[_mm256_setzero_ps(); T]; HS];
-        for b in 0..nb {
-            let mut sumi = [[_mm256_setzero_si256(); T]; HS];
-            for s in 0..16 {
-                let mut iacc = [[_mm256_setzero_si256(); T]; HS];
-                for ia in iacc.iter_mut() {
-                    for (t, acc) in ia.iter_mut().enumerate() {
-                        *acc = _mm256_set1_epi32(*p.aux.add((t * p.prep_stride + b) * 16 + s));
-                    }
-                }
-                let mut part = [[_mm256_setzero_si256(); T]; HS];
-                for qq in 0..4 {
-                    let q = 4 * s + qq;
+                    let line = p.w.add(b * 2048 + (jp * 8 + kk) * 64);
                     if T == 1 && h0 == 0 {
-                        if q < 32 {
-                            prefetch_ahead(p.w.add(b * 2048 + q * 64), PREFETCH);
-                        }
-                        if q < 16 {
-                            prefetch_ahead(p.w.add(hi_sec + b * 1024 + q * 64), PREFETCH / 2);
+                        prefetch_ahead(line, PREFETCH);
+                        if Q5 && kk == 0 {
+                            prefetch_ahead(p.w.add(hi_sec + b * 512 + 64 * j0), PREFETCH / 4);
+                            prefetch_ahead(p.w.add(hi_sec + b * 512 + 64 * j1), PREFETCH / 4);
                         }
                     }
                     for hh in 0..HS {
                         let h = h0 + hh;
-                        let lo = load_half(p.w.add(b * 2048 + (q % 32) * 64), h);
-                        let lo = if q < 32 { lo } else { _mm256_srli_epi16(lo, 4) };
-                        // The quad's two high bits (bits 2(s/4)..+1 of each byte) to 4..5.
-                        let hi = load_half(p.w.add(hi_sec + b * 1024 + (q % 16) * 64), h);
-                        let hi = match s / 4 {
-                            0 => _mm256_slli_epi16(hi, 4),
-                            1 => _mm256_slli_epi16(hi, 2),
-                            2 => hi,
-                            _ => _mm256_srli_epi16(hi, 2),
-                        };
-                        let w =
-                            _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi, m30));
+                        let v = load_half(line, h);
+                        let mut w0 = _mm256_and_si256(v, m4);
+                        let mut w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        if Q5 {
+                            let fifth = |j: usize| p.w.add(hi_sec + b * 512 + (8 * j + kk) * 8);
+                            w0 = add_fifth_bit(w0, fifth(j0), h);
+                            w1 = add_fifth_bit(w1, fifth(j1), h);
+                        }
                         for t in 0..T {
-                            let av = bcast4(p.a.add(t * p.a_stride + b * 292 + 4 + 4 * q));
-                            if D::WIDE {
-                                iacc[hh][t] = D::partial(iacc[hh][t], w, av);
-                            } else {
-                                part[hh][t] = D::partial(part[hh][t], w, av);
-                            }
+                            let at = t * p.a_stride + b * 292 + 4 + 4 * kk;
+                            let (l, u) = (&mut lo[hh][t], &mut hi[hh][t]);
+                            *l = D::partial(*l, w0, bcast4(p.a.add(at + 32 * j0)));
+                            *u = D::partial(*u, w1, bcast4(p.a.add(at + 32 * j1)));
                         }
-                        if !D::WIDE && (qq + 1) % fold == 0 {
-                            for (acc, pt) in iacc[hh].iter_mut().zip(part[hh].iter_mut()) {
-                                *acc = _mm256_add_epi32(*acc, D::widen(*pt));
-                                *pt = _mm256_setzero_si256();
+                        if (kk + 1) % fold == 0 || kk == 7 {
+                            let sc =
+                                |j: usize| D::scale::<false>(p.w.add(sc_sec + b * 128 + j * 16), h);
+                            let (s0, s1) = (sc(j0), sc(j1));
+                            for t in 0..T {
+                                let both = _mm256_add_epi32(
+                                    D::widen_scaled(lo[hh][t], s0),
+                                    D::widen_scaled(hi[hh][t], s1),
+                                );
+                                sumi[hh][t] = _mm256_add_epi32(sumi[hh][t], both);
+                                lo[hh][t] = _mm256_setzero_si256();
+                                hi[hh][t] = _mm256_setzero_si256();
                             }
                         }
                     }
                 }
-                for hh in 0..HS {
-                    let sc = bytes8::<true>(p.w.add(sc_sec + b * 256 + s * 16), h0 + hh);
-                    for (sm, acc) in sumi[hh].iter_mut().zip(&iacc[hh]) {
-                        *sm = _mm256_add_epi32(*sm, _mm256_mullo_epi32(*acc, sc));
-                    }
-                }
             }
-            for hh in 0..HS {
-                let d = scales8(p.w.add(d_sec + b * 32), h0 + hh);
-                for (t, acc) in facc[hh].iter_mut().enumerate() {
-                    let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                    *acc = _mm256_add_ps(
-                        *acc,
-                        _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(sumi[hh][t])),
-                    );
-                }
-            }
-        }
-        for (hh, fa) in facc.iter().enumerate() {
-            for (t, acc) in fa.iter().enumerate() {
-                _mm256_storeu_ps(out_at(p, t, h0 + hh), *acc);
+            for (hh, si) in sumi.iter().enumerate() {
+                k45_block_end::<D, T, Q5>(p, b, h0 + hh, si);
             }
         }
     }
@@ -740,76 +580,92 @@ unsafe fn q6_k<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usize) {
 /// two shifts of another, so each line is loaded once for both and the pair's sums run
 /// as independent chains (see `k45_pairs`).
 #[inline(always)]
-unsafe fn q6_k_pairs<D: Dot, const T: usize>(p: &Tile, h: usize) {
+unsafe fn q6_k_pairs<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usize) {
     let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
     // SAFETY: as in `legacy`.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
         let m30 = _mm256_set1_epi8(0x30);
         let fold = D::quads(6);
-        zero_out::<T>(p, h, 1);
+        zero_out::<T>(p, h0, HS);
         for b in 0..p.nb {
-            let mut sumi = [_mm256_setzero_si256(); T];
+            let mut sumi = [[_mm256_setzero_si256(); T]; HS];
+            let aux = |t: usize, s: usize| *p.aux.add((t * p.prep_stride + b) * 16 + s);
             for s0 in 0..8 {
                 let s1 = s0 + 8;
-                let aux = |t: usize, s: usize| *p.aux.add((t * p.prep_stride + b) * 16 + s);
-                let mut acc0: [__m256i; T] =
-                    core::array::from_fn(|t| _mm256_set1_epi32(aux(t, s0)));
-                let mut acc1: [__m256i; T] =
-                    core::array::from_fn(|t| _mm256_set1_epi32(aux(t, s1)));
-                let mut part0 = [_mm256_setzero_si256(); T];
-                let mut part1 = [_mm256_setzero_si256(); T];
+                let init = |s| core::array::from_fn(|t| _mm256_set1_epi32(aux(t, s)));
+                let mut acc0: [[__m256i; T]; HS] = [init(s0); HS];
+                let mut acc1: [[__m256i; T]; HS] = [init(s1); HS];
+                let mut part0 = [[_mm256_setzero_si256(); T]; HS];
+                let mut part1 = [[_mm256_setzero_si256(); T]; HS];
                 for qq in 0..4 {
                     let q = 4 * s0 + qq;
-                    let lo = load_half(p.w.add(b * 2048 + q * 64), h);
-                    let hi = load_half(p.w.add(hi_sec + b * 1024 + (q % 16) * 64), h);
-                    // Sub-block s takes bits 2(s/4)..+1 of the high byte to bits 4..5.
-                    let (hi0, hi1) = if s0 < 4 {
-                        (_mm256_slli_epi16(hi, 4), hi)
-                    } else {
-                        (_mm256_slli_epi16(hi, 2), _mm256_srli_epi16(hi, 2))
-                    };
-                    let w0 = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi0, m30));
-                    let w1 = _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
-                        _mm256_and_si256(hi1, m30),
-                    );
-                    for t in 0..T {
-                        let at = t * p.a_stride + b * 292 + 4 + 4 * q;
-                        let (a0, a1) = (bcast4(p.a.add(at)), bcast4(p.a.add(at + 128)));
-                        if D::WIDE {
-                            acc0[t] = D::partial(acc0[t], w0, a0);
-                            acc1[t] = D::partial(acc1[t], w1, a1);
-                        } else {
-                            part0[t] = D::partial(part0[t], w0, a0);
-                            part1[t] = D::partial(part1[t], w1, a1);
+                    let (lo_line, hi_line) = (b * 2048 + q * 64, hi_sec + b * 1024 + (q % 16) * 64);
+                    if T == 1 && h0 == 0 {
+                        prefetch_ahead(p.w.add(lo_line), PREFETCH);
+                        if s0 < 4 {
+                            prefetch_ahead(p.w.add(hi_line), PREFETCH / 2);
                         }
                     }
-                    if !D::WIDE && (qq + 1) % fold == 0 {
+                    for hh in 0..HS {
+                        let h = h0 + hh;
+                        let lo = load_half(p.w.add(lo_line), h);
+                        let hi = load_half(p.w.add(hi_line), h);
+                        // Sub-block s takes bits 2(s/4)..+1 of the high byte to bits 4..5.
+                        let (hi0, hi1) = if s0 < 4 {
+                            (_mm256_slli_epi16(hi, 4), hi)
+                        } else {
+                            (_mm256_slli_epi16(hi, 2), _mm256_srli_epi16(hi, 2))
+                        };
+                        let w0 =
+                            _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi0, m30));
+                        let w1 = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
+                            _mm256_and_si256(hi1, m30),
+                        );
                         for t in 0..T {
-                            acc0[t] = _mm256_add_epi32(acc0[t], D::widen(part0[t]));
-                            acc1[t] = _mm256_add_epi32(acc1[t], D::widen(part1[t]));
-                            part0[t] = _mm256_setzero_si256();
-                            part1[t] = _mm256_setzero_si256();
+                            let at = t * p.a_stride + b * 292 + 4 + 4 * q;
+                            let (a0, a1) = (bcast4(p.a.add(at)), bcast4(p.a.add(at + 128)));
+                            if D::WIDE {
+                                acc0[hh][t] = D::partial(acc0[hh][t], w0, a0);
+                                acc1[hh][t] = D::partial(acc1[hh][t], w1, a1);
+                            } else {
+                                part0[hh][t] = D::partial(part0[hh][t], w0, a0);
+                                part1[hh][t] = D::partial(part1[hh][t], w1, a1);
+                            }
+                        }
+                        if !D::WIDE && (qq + 1) % fold == 0 {
+                            for t in 0..T {
+                                let (a0, a1) = (&mut acc0[hh][t], &mut acc1[hh][t]);
+                                *a0 = _mm256_add_epi32(*a0, D::widen(part0[hh][t]));
+                                *a1 = _mm256_add_epi32(*a1, D::widen(part1[hh][t]));
+                                part0[hh][t] = _mm256_setzero_si256();
+                                part1[hh][t] = _mm256_setzero_si256();
+                            }
                         }
                     }
                 }
-                let sc0 = bytes8::<true>(p.w.add(sc_sec + b * 256 + s0 * 16), h);
-                let sc1 = bytes8::<true>(p.w.add(sc_sec + b * 256 + s1 * 16), h);
-                for t in 0..T {
-                    let both = _mm256_add_epi32(
-                        _mm256_mullo_epi32(acc0[t], sc0),
-                        _mm256_mullo_epi32(acc1[t], sc1),
-                    );
-                    sumi[t] = _mm256_add_epi32(sumi[t], both);
+                for hh in 0..HS {
+                    let sc = |s: usize| bytes8::<true>(p.w.add(sc_sec + b * 256 + s * 16), h0 + hh);
+                    let (sc0, sc1) = (sc(s0), sc(s1));
+                    for t in 0..T {
+                        let both = _mm256_add_epi32(
+                            _mm256_mullo_epi32(acc0[hh][t], sc0),
+                            _mm256_mullo_epi32(acc1[hh][t], sc1),
+                        );
+                        sumi[hh][t] = _mm256_add_epi32(sumi[hh][t], both);
+                    }
                 }
             }
-            let d = scales8(p.w.add(d_sec + b * 32), h);
-            for (t, si) in sumi.iter().enumerate() {
-                let o = out_at(p, t, h);
-                let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
-                let x = _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si));
-                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), x));
+            for (hh, si) in sumi.iter().enumerate() {
+                let h = h0 + hh;
+                let d = scales8(p.w.add(d_sec + b * 32), h);
+                for (t, si) in si.iter().enumerate() {
+                    let o = out_at(p, t, h);
+                    let dy = _mm256_set1_ps(*p.dy.add(t * p.prep_stride + b));
+                    let x = _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si));
+                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), x));
+                }
             }
         }
     }
