@@ -4,7 +4,8 @@
 
 use anyhow::bail;
 use llamay_engine::grammar::Constraint;
-use llamay_engine::sample::{Sampler, SamplerParams, lookup_draft};
+use llamay_engine::lookup::LookupIndex;
+use llamay_engine::sample::{Sampler, SamplerParams};
 use llamay_engine::{BatchToken, Context, KvError, SeqId};
 use llamay_tokenizer::Tokenizer;
 
@@ -243,13 +244,14 @@ pub trait Drafter {
     fn draft(&mut self, tokens: &[u32], max: usize) -> anyhow::Result<Vec<u32>>;
 }
 
-/// Prompt lookup (`--draft-lookup`): the continuation of the most recent earlier
-/// occurrence of the last 3 (else 2, else 1) tokens.
-pub struct PromptLookup;
+/// Prompt lookup (`--draft-lookup`): the most frequent continuation of the last 4
+/// (else 3, 2, 1) tokens' earlier occurrences, from an index kept as the text grows.
+#[derive(Default)]
+pub struct PromptLookup(LookupIndex);
 
 impl Drafter for PromptLookup {
     fn draft(&mut self, tokens: &[u32], max: usize) -> anyhow::Result<Vec<u32>> {
-        Ok(lookup_draft(tokens, max))
+        Ok(self.0.draft(tokens, max))
     }
 }
 

@@ -117,7 +117,7 @@ impl<'a> Draft<'a> {
     pub fn speculation<'d>(&'d self, tok: &'d Tokenizer) -> anyhow::Result<Speculation<'d>> {
         let drafter: Box<dyn Drafter + 'd> = match &self.model {
             Some(model) => Box::new(DraftModel::new(model, tok, self.params)?),
-            None => Box::new(PromptLookup),
+            None => Box::new(PromptLookup::default()),
         };
         Ok(Speculation::new(self.params.max_draft, drafter))
     }

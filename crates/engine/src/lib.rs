@@ -15,6 +15,7 @@ pub mod embed;
 mod forward;
 pub mod grammar;
 pub mod kv;
+pub mod lookup;
 mod moe;
 mod ops;
 pub mod rope;

@@ -275,66 +275,10 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best.map_or(0, |(i, _)| i as u32)
 }
 
-/// Longest n-gram the lookup drafter keys on.
-const NGRAM_MAX: usize = 4;
-/// Per n-gram size (1..=4): occurrences a continuation needs in the context, and the
-/// share of them (percent) its most frequent continuation needs, before it is drafted
-/// (llama.cpp's `common_ngram_cache` "lax" thresholds, for the context cache).
-const MIN_SAMPLES: [usize; NGRAM_MAX] = [2, 2, 1, 1];
-const MIN_PERCENT: [usize; NGRAM_MAX] = [66, 50, 50, 50];
-
-/// Prompt-lookup drafting for speculative decoding, token by token as llama.cpp's
-/// `llama-lookup` drafts from its context cache: the sequence so far (the history, then
-/// the tokens drafted) ends in an n-gram (n = 4 down to 1); among the tokens that
-/// followed that n-gram's earlier occurrences in the history, the most frequent (the
-/// most recent on a tie) is drafted when it has enough occurrences and a large enough
-/// share of them (`MIN_SAMPLES`, `MIN_PERCENT`); else the next shorter n-gram is tried,
-/// and drafting stops where none qualifies. Up to `max` tokens.
+/// Prompt-lookup drafting from the whole history (see [`crate::lookup::LookupIndex`],
+/// which keeps its index between calls).
 pub fn lookup_draft(history: &[u32], max: usize) -> Vec<u32> {
-    let mut draft: Vec<u32> = Vec::with_capacity(max);
-    let len = history.len();
-    // The last `n` tokens of history ++ draft.
-    let tail = |draft: &[u32], n: usize| -> Vec<u32> {
-        let from_draft = n.min(draft.len());
-        let from_history = n - from_draft;
-        let mut t = history[len - from_history..].to_vec();
-        t.extend_from_slice(&draft[draft.len() - from_draft..]);
-        t
-    };
-    'next: while draft.len() < max {
-        for n in (1..=NGRAM_MAX).rev() {
-            if len + draft.len() < n {
-                continue;
-            }
-            let key = tail(&draft, n);
-            // Continuations of the key's occurrences in the history, most recent last.
-            let mut counts: Vec<(u32, usize, usize)> = Vec::new(); // (token, count, last at)
-            let mut total = 0;
-            for s in 0..len.saturating_sub(n) {
-                if history[s..s + n] == key[..] {
-                    let t = history[s + n];
-                    total += 1;
-                    match counts.iter_mut().find(|c| c.0 == t) {
-                        Some(c) => {
-                            c.1 += 1;
-                            c.2 = s;
-                        }
-                        None => counts.push((t, 1, s)),
-                    }
-                }
-            }
-            let best = counts.iter().max_by_key(|c| (c.1, c.2));
-            if let Some(&(t, count, _)) = best
-                && total >= MIN_SAMPLES[n - 1]
-                && count * 100 >= MIN_PERCENT[n - 1] * total
-            {
-                draft.push(t);
-                continue 'next;
-            }
-        }
-        break;
-    }
-    draft
+    crate::lookup::LookupIndex::default().draft(history, max)
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@
 use crate::stop::StopMatcher;
 use llamay_engine::arch::Output;
 use llamay_engine::grammar::{Constraint, Rules, TokenTrie};
-use llamay_engine::sample::{Sampler, SamplerParams, lookup_draft};
+use llamay_engine::lookup::LookupIndex;
+use llamay_engine::sample::{Sampler, SamplerParams};
 use llamay_engine::{
     BatchToken, Context, ContextParams, DecodeError, KvPrecision, Model, Pooling, SeqId, Threads,
 };
@@ -300,6 +301,8 @@ struct Slot<'t> {
     next: Option<u32>,
     sampler: Sampler,
     history: Vec<u32>,
+    /// The history's n-grams for prompt-lookup drafts (`--draft-lookup`).
+    lookup: LookupIndex,
     constraint: Option<Constraint>,
     decoder: StreamDecoder<'t>,
     stop: StopMatcher,
@@ -611,6 +614,7 @@ impl<'m, 't> Engine<'m, 't> {
             next: None,
             sampler: Sampler::new(job.params.clone()),
             history: job.prompt.clone(),
+            lookup: LookupIndex::default(),
             constraint,
             decoder,
             stop: StopMatcher::new(job.stop.clone()),
@@ -664,10 +668,10 @@ impl<'m, 't> Engine<'m, 't> {
     fn step(&mut self) {
         let mut batch = Vec::new();
         let mut plan: Vec<Rows> = Vec::new();
-        for (i, s) in self.slots.iter().enumerate() {
+        for (i, s) in self.slots.iter_mut().enumerate() {
             if let Some(t) = s.next {
                 let pos = self.ctx.kv().len(s.seq).unwrap_or(0);
-                let drafts = self.draft_for(s, pos);
+                let drafts = Self::draft_for(&self.config, s, pos);
                 plan.push(Rows {
                     slot: i,
                     first: batch.len(),
@@ -777,16 +781,16 @@ impl<'m, 't> Engine<'m, 't> {
     /// empty otherwise. Any request may carry one, greedy, sampled or constrained: the
     /// sampler is still asked once per kept token, in order, with the same state, and
     /// a draft token is kept only where it is what the sampler picked.
-    fn draft_for(&self, s: &Slot<'_>, pos: usize) -> Vec<u32> {
-        let max = self.config.max_draft;
+    fn draft_for(config: &EngineConfig, s: &mut Slot<'_>, pos: usize) -> Vec<u32> {
+        let max = config.max_draft;
         if max == 0 {
             return Vec::new();
         }
-        let n_ctx = s.job.n_ctx.min(self.config.n_ctx);
+        let n_ctx = s.job.n_ctx.min(config.n_ctx);
         let room = (n_ctx.saturating_sub(pos + 1))
             .min(s.job.max_tokens.saturating_sub(s.generated + 1))
             .min(max);
-        lookup_draft(&s.history, room)
+        s.lookup.draft(&s.history, room)
     }
 
     /// Samples slot `i`'s next token from the logits after its first `kv_len`
