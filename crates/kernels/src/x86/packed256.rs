@@ -206,9 +206,8 @@ unsafe fn tile_with<D: Dot>(ty: GgmlType, m: usize, t: &Tile) {
     // One token (`$hs` 2): both 8-row halves in one pass, so that each line is used
     // whole as it arrives (with a pass per half the memory stream idled through the
     // second; Zen 3, Gemma's 262144 × 640 Q8_0 matrix from DRAM: 8.2 → 12.0 GiB/s).
-    // Q4_K and Q5_K keep a pass per half: their 16 sub-block sums then spill (2048² Q4_K
-    // from cache, one thread: 16.7 GiB/s per half, 10.0 both). More tokens: one half
-    // per pass, so that the tile stays in registers.
+    // The K-quants do too since they take sub-blocks in pairs (`k45_pairs`,
+    // `q6_k_pairs`). More tokens: one half per pass, so that the tile stays in registers.
     macro_rules! by_m {
         ($hs:literal; $f:ident $(, $c:expr)?) => {
             // SAFETY: forwarded from the caller.
