@@ -239,6 +239,20 @@ pub(crate) struct PageStore {
 }
 
 impl PageStore {
+    /// An empty store that may allocate `budget` pages.
+    fn new(precision: KvPrecision, k_dim: usize, v_dim: usize, budget: usize) -> PageStore {
+        PageStore {
+            precision,
+            k_dim,
+            v_dim,
+            k: Vec::new(),
+            v: Vec::new(),
+            refs: Vec::new(),
+            free: Vec::new(),
+            budget,
+        }
+    }
+
     fn in_use(&self) -> usize {
         self.k.len() - self.free.len()
     }
@@ -421,16 +435,7 @@ impl KvPool {
     ) -> KvPool {
         let budget = budget_tokens.div_ceil(PAGE).saturating_mul(windows.len());
         KvPool {
-            store: PageStore {
-                precision,
-                k_dim,
-                v_dim,
-                k: Vec::new(),
-                v: Vec::new(),
-                refs: Vec::new(),
-                free: Vec::new(),
-                budget,
-            },
+            store: PageStore::new(precision, k_dim, v_dim, budget),
             seqs: BTreeMap::new(),
             windows,
             n_ctx,
@@ -712,16 +717,7 @@ impl TransientKv {
     /// Room for sequences of `lens` positions.
     pub(crate) fn new(k_dim: usize, v_dim: usize, lens: &[usize]) -> TransientKv {
         let pages = lens.iter().map(|l| l.div_ceil(PAGE)).sum();
-        let mut store = PageStore {
-            precision: KvPrecision::F32,
-            k_dim,
-            v_dim,
-            k: Vec::with_capacity(pages),
-            v: Vec::with_capacity(pages),
-            refs: Vec::with_capacity(pages),
-            free: Vec::new(),
-            budget: pages,
-        };
+        let mut store = PageStore::new(KvPrecision::F32, k_dim, v_dim, pages);
         let tables = (lens.iter())
             .map(|l| {
                 (0..l.div_ceil(PAGE))

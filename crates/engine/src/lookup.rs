@@ -146,6 +146,28 @@ mod tests {
         draft
     }
 
+    /// A fresh index's draft after `history`.
+    fn draft(history: &[u32], max: usize) -> Vec<u32> {
+        LookupIndex::default().draft(history, max)
+    }
+
+    #[test]
+    fn the_draft_follows_the_longest_ngram_with_a_clear_continuation() {
+        // "1 2 3" occurred before, followed by 4 5 9 3: each step keys on the longest
+        // n-gram that recurs with a clear continuation.
+        assert_eq!(draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 4), [4, 5, 9, 3]);
+        assert_eq!(draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 1), [4]);
+        // A unigram needs two occurrences, two thirds of them agreeing: 1 was followed
+        // by 6 and 7, no majority, so nothing is drafted.
+        assert!(draft(&[5, 1, 6, 1, 7, 1], 2).is_empty());
+        // 1 was followed by 6 twice and 7 once: 6, then "1 6" continues with 1 (twice).
+        assert_eq!(draft(&[1, 6, 1, 6, 1, 7, 1], 2), [6, 1]);
+        // Nothing recurs, or nothing to look at.
+        assert!(draft(&[1, 2, 3], 4).is_empty());
+        assert!(draft(&[], 4).is_empty());
+        assert!(draft(&[1, 1], 0).is_empty());
+    }
+
     #[test]
     fn the_index_drafts_what_a_full_scan_drafts_as_the_history_grows_and_changes() {
         let mut rng = 0x2545_F491_4F6C_DD1Du64;

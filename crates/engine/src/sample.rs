@@ -275,12 +275,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best.map_or(0, |(i, _)| i as u32)
 }
 
-/// Prompt-lookup drafting from the whole history (see [`crate::lookup::LookupIndex`],
-/// which keeps its index between calls).
-pub fn lookup_draft(history: &[u32], max: usize) -> Vec<u32> {
-    crate::lookup::LookupIndex::default().draft(history, max)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,25 +335,5 @@ mod tests {
             .validate()
             .is_err()
         );
-    }
-
-    #[test]
-    fn the_draft_follows_the_longest_ngram_with_a_clear_continuation() {
-        // "1 2 3" occurred before, followed by 4 5 9 3: each step keys on the longest
-        // n-gram that recurs with a clear continuation.
-        assert_eq!(
-            lookup_draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 4),
-            [4, 5, 9, 3]
-        );
-        assert_eq!(lookup_draft(&[1, 2, 3, 4, 5, 9, 3, 7, 1, 2, 3], 1), [4]);
-        // A unigram needs two occurrences, two thirds of them agreeing: 1 was followed
-        // by 6 and 7, no majority, so nothing is drafted.
-        assert!(lookup_draft(&[5, 1, 6, 1, 7, 1], 2).is_empty());
-        // 1 was followed by 6 twice and 7 once: 6, then "1 6" continues with 1 (twice).
-        assert_eq!(lookup_draft(&[1, 6, 1, 6, 1, 7, 1], 2), [6, 1]);
-        // Nothing recurs, or nothing to look at.
-        assert!(lookup_draft(&[1, 2, 3], 4).is_empty());
-        assert!(lookup_draft(&[], 4).is_empty());
-        assert!(lookup_draft(&[1, 1], 0).is_empty());
     }
 }

@@ -450,7 +450,7 @@ fn k45_sections<const Q5: bool>(p: &Tile) -> [usize; 5] {
     }
 }
 
-/// Zeroes the outputs of tokens `..T`, halves `h0..h0 + HS` (the block loop adds to them).
+/// Zeroes the outputs of tokens `..T`, halves `h0..h0 + hs` (the block loop adds to them).
 #[inline(always)]
 unsafe fn zero_out<const T: usize>(p: &Tile, h0: usize, hs: usize) {
     // SAFETY: the caller's contract (the tile's outputs).
@@ -506,7 +506,7 @@ unsafe fn k45_block_end<D: Dot, const T: usize, const Q5: bool>(
     }
 }
 
-/// Q4_K (and Q5_K with `Q5`) for several tokens, one half `h` per pass: sub-blocks in
+/// Q4_K (and Q5_K with `Q5`) against Q8_K, halves `h0..h0 + HS`: sub-blocks in
 /// pairs (2i, 2i + 1), whose weights are the low and high nibbles of the same lines, so
 /// each line is loaded once for both and the two sub-blocks' sums run as independent
 /// chains (a `vpdpbusd` waits five cycles for its accumulator; four tokens alone left
@@ -574,7 +574,7 @@ unsafe fn k45_pairs<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: 
     }
 }
 
-/// Q6_K for several tokens, one half `h` per pass: sub-blocks in pairs (s, s + 8), whose
+/// Q6_K against Q8_K, halves `h0..h0 + HS`: sub-blocks in pairs (s, s + 8), whose
 /// quads (q, q + 32) are the low and high nibbles of one line and whose high bits are
 /// two shifts of another, so each line is loaded once for both and the pair's sums run
 /// as independent chains (see `k45_pairs`).
