@@ -580,81 +580,21 @@ unsafe fn k45_pairs<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: 
 /// as independent chains (see `k45_pairs`).
 #[inline(always)]
 unsafe fn q6_k_pairs<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usize) {
-    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
+    let d_sec = p.sec[3];
     // SAFETY: as in `legacy`.
     unsafe {
-        let m4 = _mm256_set1_epi8(0xF);
-        let m30 = _mm256_set1_epi8(0x30);
-        let fold = D::quads(6);
         zero_out::<T>(p, h0, HS);
         for b in 0..p.nb {
             let mut sumi = [[_mm256_setzero_si256(); T]; HS];
-            let aux = |t: usize, s: usize| *p.aux.add((t * p.prep_stride + b) * 16 + s);
-            for s0 in 0..8 {
-                let s1 = s0 + 8;
-                let init = |s| core::array::from_fn(|t| _mm256_set1_epi32(aux(t, s)));
-                let mut acc0: [[__m256i; T]; HS] = [init(s0); HS];
-                let mut acc1: [[__m256i; T]; HS] = [init(s1); HS];
-                let mut part0 = [[_mm256_setzero_si256(); T]; HS];
-                let mut part1 = [[_mm256_setzero_si256(); T]; HS];
-                for qq in 0..4 {
-                    let q = 4 * s0 + qq;
-                    let (lo_line, hi_line) = (b * 2048 + q * 64, hi_sec + b * 1024 + (q % 16) * 64);
-                    if T == 1 && h0 == 0 {
-                        prefetch_ahead(p.w.add(lo_line), PREFETCH);
-                        if s0 < 4 {
-                            prefetch_ahead(p.w.add(hi_line), PREFETCH / 2);
-                        }
-                    }
-                    for hh in 0..HS {
-                        let h = h0 + hh;
-                        let lo = load_half(p.w.add(lo_line), h);
-                        let hi = load_half(p.w.add(hi_line), h);
-                        // Sub-block s takes bits 2(s/4)..+1 of the high byte to bits 4..5.
-                        let (hi0, hi1) = if s0 < 4 {
-                            (_mm256_slli_epi16(hi, 4), hi)
-                        } else {
-                            (_mm256_slli_epi16(hi, 2), _mm256_srli_epi16(hi, 2))
-                        };
-                        let w0 =
-                            _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi0, m30));
-                        let w1 = _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
-                            _mm256_and_si256(hi1, m30),
-                        );
-                        for t in 0..T {
-                            let at = t * p.a_stride + b * 292 + 4 + 4 * q;
-                            let (a0, a1) = (bcast4(p.a.add(at)), bcast4(p.a.add(at + 128)));
-                            if D::WIDE {
-                                acc0[hh][t] = D::partial(acc0[hh][t], w0, a0);
-                                acc1[hh][t] = D::partial(acc1[hh][t], w1, a1);
-                            } else {
-                                part0[hh][t] = D::partial(part0[hh][t], w0, a0);
-                                part1[hh][t] = D::partial(part1[hh][t], w1, a1);
-                            }
-                        }
-                        if !D::WIDE && (qq + 1) % fold == 0 {
-                            for t in 0..T {
-                                let (a0, a1) = (&mut acc0[hh][t], &mut acc1[hh][t]);
-                                *a0 = _mm256_add_epi32(*a0, D::widen(part0[hh][t]));
-                                *a1 = _mm256_add_epi32(*a1, D::widen(part1[hh][t]));
-                                part0[hh][t] = _mm256_setzero_si256();
-                                part1[hh][t] = _mm256_setzero_si256();
-                            }
-                        }
-                    }
-                }
-                for hh in 0..HS {
-                    let sc = |s: usize| bytes8::<true>(p.w.add(sc_sec + b * 256 + s * 16), h0 + hh);
-                    let (sc0, sc1) = (sc(s0), sc(s1));
-                    for t in 0..T {
-                        let both = _mm256_add_epi32(
-                            _mm256_mullo_epi32(acc0[hh][t], sc0),
-                            _mm256_mullo_epi32(acc1[hh][t], sc1),
-                        );
-                        sumi[hh][t] = _mm256_add_epi32(sumi[hh][t], both);
-                    }
-                }
+            // Pairs 0..4 take their high bits from bits 0..1 and 4..5 of the high lines,
+            // pairs 4..8 from bits 2..3 and 6..7: two loops, so that which shifts apply
+            // is known at compile time (a branch per pair made LLVM spill the merged
+            // values to the stack).
+            for s0 in 0..4 {
+                q6_k_pair::<D, T, HS, false>(p, b, s0, h0, &mut sumi);
+            }
+            for s0 in 4..8 {
+                q6_k_pair::<D, T, HS, true>(p, b, s0, h0, &mut sumi);
             }
             for (hh, si) in sumi.iter().enumerate() {
                 let h = h0 + hh;
@@ -665,6 +605,90 @@ unsafe fn q6_k_pairs<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usiz
                     let x = _mm256_mul_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(*si));
                     _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), x));
                 }
+            }
+        }
+    }
+}
+
+/// Sub-blocks (s0, s0 + 8) of block `b` of a Q6_K tile (`q6_k_pairs`), halves
+/// `h0..h0 + HS`, their scaled sums added to `sumi`. `UPPER`: s0 ≥ 4, whose high bits
+/// are bits 2..3 and 6..7 of the high line (else 0..1 and 4..5).
+#[inline(always)]
+unsafe fn q6_k_pair<D: Dot, const T: usize, const HS: usize, const UPPER: bool>(
+    p: &Tile,
+    b: usize,
+    s0: usize,
+    h0: usize,
+    sumi: &mut [[__m256i; T]; HS],
+) {
+    let [_, hi_sec, sc_sec, ..] = p.sec;
+    let s1 = s0 + 8;
+    // SAFETY: as in `legacy`.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        let m30 = _mm256_set1_epi8(0x30);
+        let fold = D::quads(6);
+        let aux = |t: usize, s: usize| *p.aux.add((t * p.prep_stride + b) * 16 + s);
+        let init = |s| core::array::from_fn(|t| _mm256_set1_epi32(aux(t, s)));
+        let mut acc0: [[__m256i; T]; HS] = [init(s0); HS];
+        let mut acc1: [[__m256i; T]; HS] = [init(s1); HS];
+        let mut part0 = [[_mm256_setzero_si256(); T]; HS];
+        let mut part1 = [[_mm256_setzero_si256(); T]; HS];
+        for qq in 0..4 {
+            let q = 4 * s0 + qq;
+            let (lo_line, hi_line) = (b * 2048 + q * 64, hi_sec + b * 1024 + (q % 16) * 64);
+            if T == 1 && h0 == 0 {
+                prefetch_ahead(p.w.add(lo_line), PREFETCH);
+                if !UPPER {
+                    prefetch_ahead(p.w.add(hi_line), PREFETCH / 2);
+                }
+            }
+            for hh in 0..HS {
+                let h = h0 + hh;
+                let lo = load_half(p.w.add(lo_line), h);
+                let hi = load_half(p.w.add(hi_line), h);
+                // Sub-block s takes bits 2(s/4)..+1 of the high byte to bits 4..5.
+                let (hi0, hi1) = if UPPER {
+                    (_mm256_slli_epi16(hi, 2), _mm256_srli_epi16(hi, 2))
+                } else {
+                    (_mm256_slli_epi16(hi, 4), hi)
+                };
+                let w0 = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hi0, m30));
+                let w1 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
+                    _mm256_and_si256(hi1, m30),
+                );
+                for t in 0..T {
+                    let at = t * p.a_stride + b * 292 + 4 + 4 * q;
+                    let (a0, a1) = (bcast4(p.a.add(at)), bcast4(p.a.add(at + 128)));
+                    if D::WIDE {
+                        acc0[hh][t] = D::partial(acc0[hh][t], w0, a0);
+                        acc1[hh][t] = D::partial(acc1[hh][t], w1, a1);
+                    } else {
+                        part0[hh][t] = D::partial(part0[hh][t], w0, a0);
+                        part1[hh][t] = D::partial(part1[hh][t], w1, a1);
+                    }
+                }
+                if !D::WIDE && (qq + 1) % fold == 0 {
+                    for t in 0..T {
+                        let (a0, a1) = (&mut acc0[hh][t], &mut acc1[hh][t]);
+                        *a0 = _mm256_add_epi32(*a0, D::widen(part0[hh][t]));
+                        *a1 = _mm256_add_epi32(*a1, D::widen(part1[hh][t]));
+                        part0[hh][t] = _mm256_setzero_si256();
+                        part1[hh][t] = _mm256_setzero_si256();
+                    }
+                }
+            }
+        }
+        for hh in 0..HS {
+            let sc = |s: usize| bytes8::<true>(p.w.add(sc_sec + b * 256 + s * 16), h0 + hh);
+            let (sc0, sc1) = (sc(s0), sc(s1));
+            for t in 0..T {
+                let both = _mm256_add_epi32(
+                    _mm256_mullo_epi32(acc0[hh][t], sc0),
+                    _mm256_mullo_epi32(acc1[hh][t], sc1),
+                );
+                sumi[hh][t] = _mm256_add_epi32(sumi[hh][t], both);
             }
         }
     }
