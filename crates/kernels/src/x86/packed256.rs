@@ -211,13 +211,16 @@ unsafe fn tile_with<D: Dot>(ty: GgmlType, m: usize, t: &Tile) {
     macro_rules! by_m {
         ($hs:literal; $f:ident $(, $c:expr)?) => {
             // SAFETY: forwarded from the caller.
+            // Loops, not closures: the generic bodies carry no target features of
+            // their own, so a closure LLVM declines to inline runs without the set's,
+            // every intrinsic in it a call (75× slower, seen once).
             unsafe {
                 match m {
                     1 if $hs == 2 => $f::<D, 1 $(, $c)?, 2>(t, 0),
-                    1 => (0..2).for_each(|h| $f::<D, 1 $(, $c)?, 1>(t, h)),
-                    2 => (0..2).for_each(|h| $f::<D, 2 $(, $c)?, 1>(t, h)),
-                    3 => (0..2).for_each(|h| $f::<D, 3 $(, $c)?, 1>(t, h)),
-                    _ => (0..2).for_each(|h| $f::<D, TILE $(, $c)?, 1>(t, h)),
+                    1 => for h in 0..2 { $f::<D, 1 $(, $c)?, 1>(t, h) },
+                    2 => for h in 0..2 { $f::<D, 2 $(, $c)?, 1>(t, h) },
+                    3 => for h in 0..2 { $f::<D, 3 $(, $c)?, 1>(t, h) },
+                    _ => for h in 0..2 { $f::<D, TILE $(, $c)?, 1>(t, h) },
                 }
             }
         };
@@ -551,9 +554,9 @@ unsafe fn k45_pairs<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: 
                             *u = D::partial(*u, w1, bcast4(p.a.add(at + 32 * j1)));
                         }
                         if (kk + 1) % fold == 0 || kk == 7 {
-                            let sc =
-                                |j: usize| D::scale::<false>(p.w.add(sc_sec + b * 128 + j * 16), h);
-                            let (s0, s1) = (sc(j0), sc(j1));
+                            let sc_at = p.w.add(sc_sec + b * 128);
+                            let s0 = D::scale::<false>(sc_at.add(j0 * 16), h);
+                            let s1 = D::scale::<false>(sc_at.add(j1 * 16), h);
                             for t in 0..T {
                                 let both = _mm256_add_epi32(
                                     D::widen_scaled(lo[hh][t], s0),
@@ -628,10 +631,15 @@ unsafe fn q6_k_pair<D: Dot, const T: usize, const HS: usize, const UPPER: bool>(
         let m4 = _mm256_set1_epi8(0xF);
         let m30 = _mm256_set1_epi8(0x30);
         let fold = D::quads(6);
-        let aux = |t: usize, s: usize| *p.aux.add((t * p.prep_stride + b) * 16 + s);
-        let init = |s| core::array::from_fn(|t| _mm256_set1_epi32(aux(t, s)));
-        let mut acc0: [[__m256i; T]; HS] = [init(s0); HS];
-        let mut acc1: [[__m256i; T]; HS] = [init(s1); HS];
+        let mut acc0 = [[_mm256_setzero_si256(); T]; HS];
+        let mut acc1 = [[_mm256_setzero_si256(); T]; HS];
+        for t in 0..T {
+            let aux = p.aux.add((t * p.prep_stride + b) * 16);
+            for hh in 0..HS {
+                acc0[hh][t] = _mm256_set1_epi32(*aux.add(s0));
+                acc1[hh][t] = _mm256_set1_epi32(*aux.add(s1));
+            }
+        }
         let mut part0 = [[_mm256_setzero_si256(); T]; HS];
         let mut part1 = [[_mm256_setzero_si256(); T]; HS];
         for qq in 0..4 {
@@ -681,8 +689,8 @@ unsafe fn q6_k_pair<D: Dot, const T: usize, const HS: usize, const UPPER: bool>(
             }
         }
         for hh in 0..HS {
-            let sc = |s: usize| bytes8::<true>(p.w.add(sc_sec + b * 256 + s * 16), h0 + hh);
-            let (sc0, sc1) = (sc(s0), sc(s1));
+            let sc0 = bytes8::<true>(p.w.add(sc_sec + b * 256 + s0 * 16), h0 + hh);
+            let sc1 = bytes8::<true>(p.w.add(sc_sec + b * 256 + s1 * 16), h0 + hh);
             for t in 0..T {
                 let both = _mm256_add_epi32(
                     _mm256_mullo_epi32(acc0[hh][t], sc0),
