@@ -123,6 +123,9 @@ pub(crate) fn linears(
     pool: &ThreadPool,
 ) {
     debug_assert_eq!(ls.len(), outs.len());
+    if let Some((addr, len)) = ls.last().and_then(|l| l.then) {
+        pool.prefetch_while_idle(addr, len);
+    }
     let mut quantised = None;
     for (l, out) in ls.iter().zip(outs.iter_mut()) {
         let ty = l.w.ty.vec_dot_type();

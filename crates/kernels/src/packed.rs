@@ -151,7 +151,8 @@ impl PackedMatrix {
         self.lines.as_slice().len()
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// The packed bytes, group after group: the order a one-token matmul streams them.
+    pub fn bytes(&self) -> &[u8] {
         self.lines.as_slice()
     }
 

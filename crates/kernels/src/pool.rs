@@ -32,6 +32,11 @@ struct Shared {
     /// Workers parked (or about to park) on `work_cv`.
     sleepers: AtomicUsize,
     shutdown: AtomicBool,
+    /// Bytes for idle workers to prefetch (`prefetch_while_idle`): the next address to
+    /// claim and the end. Addresses only, never dereferenced: a prefetch cannot fault,
+    /// so a stale range costs nothing but the prefetches.
+    idle_next: AtomicUsize,
+    idle_end: AtomicUsize,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
     lock: Mutex<()>,
     work_cv: Condvar,
@@ -71,6 +76,8 @@ impl ThreadPool {
             pending: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
+            idle_next: AtomicUsize::new(0),
+            idle_end: AtomicUsize::new(0),
             panic: Mutex::new(None),
             lock: Mutex::new(()),
             work_cv: Condvar::new(),
@@ -95,6 +102,30 @@ impl ThreadPool {
     /// Threads that take part in a region, the caller included.
     pub fn n_threads(&self) -> usize {
         self.workers.len() + 1
+    }
+
+    /// Hands `bytes` to the workers to prefetch (into their L2) while they wait for the
+    /// next region, replacing any range handed before: the weights of a matrix the
+    /// caller will multiply by soon, after work that reads little memory (a decode
+    /// step's norms and attention leave the memory bus idle; this fills the gap). The
+    /// call returns at once; workers stop at the next region and resume after it.
+    ///
+    /// The range is an address and a length, not a borrow: nothing is read through it,
+    /// so it may outlive the memory (prefetches of an unmapped address are dropped).
+    pub fn prefetch_while_idle(&self, addr: usize, len: usize) {
+        if self.workers.is_empty() {
+            return;
+        }
+        // The claims below add past `end`: keep them far from wrapping around.
+        let Some(end) = addr.checked_add(len).filter(|&e| e < usize::MAX / 2) else {
+            return;
+        };
+        let start = addr;
+        let s = &*self.shared;
+        // End first: a worker that claims between the two stores prefetches a few
+        // lines of the old range, harmlessly.
+        s.idle_end.store(end, Relaxed);
+        s.idle_next.store(start, Release);
     }
 
     /// `f(i, chunk)` for every `chunk`-long piece `i` of `data` (the last may be
@@ -186,6 +217,40 @@ impl ThreadPool {
     }
 }
 
+/// Lines a waiting worker prefetches between two looks at the epoch.
+const IDLE_CHUNK: usize = 1024;
+
+/// Prefetches the next `IDLE_CHUNK` bytes of the idle range, if any is left (claimed
+/// atomically, so several workers split it). Returns whether it did.
+fn prefetch_idle_chunk(s: &Shared) -> bool {
+    let end = s.idle_end.load(Relaxed);
+    if s.idle_next.load(Relaxed) >= end {
+        return false;
+    }
+    let at = s.idle_next.fetch_add(IDLE_CHUNK, Acquire);
+    if at >= end {
+        return false;
+    }
+    for line in (at..end.min(at + IDLE_CHUNK)).step_by(64) {
+        prefetch_l2(line);
+    }
+    true
+}
+
+/// Asks for the cache line at `addr` in L2. A prefetch reads nothing architecturally
+/// and never faults, whatever the address.
+#[inline(always)]
+fn prefetch_l2(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht1` cannot fault and has no architectural effect; SSE is part of
+    // x86-64.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
 /// Claims and runs tasks of the current region until none are left.
 fn execute(s: &Shared, f: &Task<'_>) {
     let n = s.n_tasks.load(Relaxed);
@@ -209,7 +274,7 @@ fn worker(s: &Shared) {
     let mut seen = 0usize;
     loop {
         // Wait for a new epoch: spin, then park.
-        let start = Instant::now();
+        let mut start = Instant::now();
         let mut spins = 0u32;
         loop {
             if s.shutdown.load(Acquire) {
@@ -217,6 +282,11 @@ fn worker(s: &Shared) {
             }
             if s.epoch.load(Acquire) != seen {
                 break;
+            }
+            if prefetch_idle_chunk(s) {
+                // Prefetching is work: the spin before parking starts after it.
+                start = Instant::now();
+                continue;
             }
             std::hint::spin_loop();
             spins += 1;

@@ -115,3 +115,35 @@ fn oversubscribed_pool_finishes() {
     }
     assert!(start.elapsed().as_secs() < 30);
 }
+
+/// Idle prefetching takes addresses only: a range that was freed, was never mapped or
+/// wraps around the address space is prefetched harmlessly, and regions keep running
+/// (and finishing) while workers are busy with one.
+#[test]
+fn idle_prefetch_takes_any_range() {
+    let pool = ThreadPool::new(3);
+    let freed = {
+        let v = vec![7u8; 1 << 20];
+        (v.as_ptr() as usize, v.len())
+    };
+    for (addr, len) in [freed, (0, 1 << 16), (usize::MAX - 4096, 1 << 20), (64, 0)] {
+        pool.prefetch_while_idle(addr, len);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let hits = AtomicUsize::new(0);
+        pool.run(64, |_| {
+            hits.fetch_add(1, Relaxed);
+        });
+        assert_eq!(hits.load(Relaxed), 64);
+    }
+    // A live range, handed over and replaced before the workers are done with it.
+    let data = vec![1u8; 8 << 20];
+    for _ in 0..50 {
+        pool.prefetch_while_idle(data.as_ptr() as usize, data.len());
+        let sum = AtomicUsize::new(0);
+        pool.run(8, |i| {
+            let part = &data[i << 20..(i + 1) << 20];
+            sum.fetch_add(part.iter().map(|&b| b as usize).sum(), Relaxed);
+        });
+        assert_eq!(sum.load(Relaxed), data.len());
+    }
+}
