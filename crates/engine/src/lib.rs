@@ -175,6 +175,7 @@ impl<'a> Model<'a> {
         let identity = identity(gguf);
         let pool = llamay_kernels::ThreadPool::new(threads.0.max(1));
         weights.pack(&pool, release);
+        weights.link_decode_order();
         Ok(Model {
             config,
             identity,

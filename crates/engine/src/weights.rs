@@ -739,14 +739,14 @@ impl<'a> Weights<'a> {
             let w = &l.w;
             l.packed = llamay_kernels::pack_releasing(w.ty, w.data, w.rows, w.cols, pool, release);
         }
-        self.link_decode_order();
     }
 
     /// Sets each projection's `then` to the next one a dense decoder's step reads:
     /// q, k, v, attention output, up, gate, down per layer, then the next layer, and the
     /// output after the last. Mixtures of experts are skipped (which experts come next
-    /// is the router's choice); a wrong guess would cost only wasted prefetches.
-    fn link_decode_order(&mut self) {
+    /// is the router's choice); a wrong guess would cost only wasted prefetches. After
+    /// `pack`: the addresses are those of the bytes the matmuls read.
+    pub(crate) fn link_decode_order(&mut self) {
         let mut order: Vec<&mut Linear<'a>> = Vec::new();
         for l in self.layers.iter_mut() {
             order.extend([&mut l.q, &mut l.k, &mut l.v, &mut l.attn_out]);
