@@ -702,6 +702,9 @@ pub(crate) struct Tile {
     pub nb: usize,
     /// Where each section (`sections`, in order) starts in the group, in bytes.
     pub sec: [usize; 6],
+    /// Bytes from one group to the next (a one-token pass prefetches into the next).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub group_bytes: usize,
     /// The first token's activation row; the next is `a_stride` bytes on.
     pub a: *const u8,
     pub a_stride: usize,
@@ -827,6 +830,7 @@ unsafe fn run_tile(
         w: p.bytes()[g * p.group_bytes..].as_ptr(),
         nb,
         sec: p.sec,
+        group_bytes: p.group_bytes,
         a: a.data[t * rb..].as_ptr(),
         a_stride: rb,
         dy: prep.dy[t * prep.blocks..].as_ptr(),

@@ -266,6 +266,24 @@ pub(crate) fn prefetch_ahead(p: *const u8, dist: usize) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(dist) as *const i8) }
 }
 
+/// Prefetches the line `dist` bytes after offset `off` of a section that starts at
+/// `start` in the group and holds `len` bytes of it; from past the section's end, the
+/// same place in the next group's section. A one-token pass reads every section of a
+/// group at once (a block's quants beside its scales), so each section's stream must be
+/// asked for the same time ahead: a plain `dist` past the quants lands in the group's
+/// own other sections, which are then asked for late (their first blocks after they
+/// are read) and the next group's early.
+#[inline(always)]
+pub(crate) fn prefetch_section(p: &Tile, start: usize, len: usize, off: usize, dist: usize) {
+    let o = off + dist.min(len);
+    let at = if o < len {
+        start + o
+    } else {
+        start + o - len + p.group_bytes
+    };
+    prefetch_ahead(p.w.wrapping_add(at), 0);
+}
+
 /// A one-token pass's prefetch for quad `k` of block `b` of the 32-blocks (`legacy`):
 /// each quants line once (Q8_0's eight, the others' four), Q5_0's fifth bits nearer.
 #[inline(always)]
@@ -509,6 +527,34 @@ unsafe fn k45_block_end<D: Dot, const T: usize, const Q5: bool>(
     }
 }
 
+/// A one-token Q4_K/Q5_K pass's prefetches at line `kk` of pair `jp` of block `b`: the
+/// nibble line, and once per block each line of the other sections (`prefetch_section`,
+/// at distances in proportion to their bytes per block).
+#[inline(always)]
+fn k45_prefetch<const Q5: bool>(p: &Tile, b: usize, jp: usize, kk: usize) {
+    let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = k45_sections::<Q5>(p);
+    let nb = p.nb;
+    prefetch_section(p, 0, nb * 2048, b * 2048 + (jp * 8 + kk) * 64, PREFETCH);
+    match kk {
+        0 if Q5 => {
+            for j in [2 * jp, 2 * jp + 1] {
+                prefetch_section(p, hi_sec, nb * 512, b * 512 + 64 * j, PREFETCH / 4);
+            }
+        }
+        // Scales and mins: 128 bytes (two lines) a block.
+        2 if jp.is_multiple_of(2) => {
+            let off = b * 128 + 32 * jp;
+            prefetch_section(p, sc_sec, nb * 128, off, PREFETCH / 16);
+            prefetch_section(p, mn_sec, nb * 128, off, PREFETCH / 16);
+        }
+        2 if jp == 1 => {
+            prefetch_section(p, d_sec, nb * 32, b * 32, PREFETCH / 64);
+            prefetch_section(p, dmin_sec, nb * 32, b * 32, PREFETCH / 64);
+        }
+        _ => {}
+    }
+}
+
 /// Q4_K (and Q5_K with `Q5`) against Q8_K, halves `h0..h0 + HS`: sub-blocks in
 /// pairs (2i, 2i + 1), whose weights are the low and high nibbles of the same lines, so
 /// each line is loaded once for both and the two sub-blocks' sums run as independent
@@ -531,11 +577,7 @@ unsafe fn k45_pairs<D: Dot, const T: usize, const Q5: bool, const HS: usize>(p: 
                 for kk in 0..8 {
                     let line = p.w.add(b * 2048 + (jp * 8 + kk) * 64);
                     if T == 1 && h0 == 0 {
-                        prefetch_ahead(line, PREFETCH);
-                        if Q5 && kk == 0 {
-                            prefetch_ahead(p.w.add(hi_sec + b * 512 + 64 * j0), PREFETCH / 4);
-                            prefetch_ahead(p.w.add(hi_sec + b * 512 + 64 * j1), PREFETCH / 4);
-                        }
+                        k45_prefetch::<Q5>(p, b, jp, kk);
                     }
                     for hh in 0..HS {
                         let h = h0 + hh;
@@ -613,6 +655,26 @@ unsafe fn q6_k_pairs<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usiz
     }
 }
 
+/// A one-token Q6_K pass's prefetches at quad `qq` of pair `s0` of block `b`: the low
+/// line, the high line (each serves two pairs: asked for by the first), and once per
+/// block each line of the scales and d (see `k45_prefetch`).
+#[inline(always)]
+fn q6_k_prefetch<const UPPER: bool>(p: &Tile, b: usize, s0: usize, qq: usize) {
+    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
+    let (nb, q) = (p.nb, 4 * s0 + qq);
+    prefetch_section(p, 0, nb * 2048, b * 2048 + q * 64, PREFETCH);
+    if !UPPER {
+        prefetch_section(p, hi_sec, nb * 1024, b * 1024 + q * 64, PREFETCH / 2);
+        // Scales: 256 bytes (four lines) a block, one asked for by each lower pair.
+        if qq == 1 {
+            prefetch_section(p, sc_sec, nb * 256, b * 256 + 64 * s0, PREFETCH / 8);
+        }
+        if qq == 2 && s0 == 0 {
+            prefetch_section(p, d_sec, nb * 32, b * 32, PREFETCH / 64);
+        }
+    }
+}
+
 /// Sub-blocks (s0, s0 + 8) of block `b` of a Q6_K tile (`q6_k_pairs`), halves
 /// `h0..h0 + HS`, their scaled sums added to `sumi`. `UPPER`: s0 ≥ 4, whose high bits
 /// are bits 2..3 and 6..7 of the high line (else 0..1 and 4..5).
@@ -646,10 +708,7 @@ unsafe fn q6_k_pair<D: Dot, const T: usize, const HS: usize, const UPPER: bool>(
             let q = 4 * s0 + qq;
             let (lo_line, hi_line) = (b * 2048 + q * 64, hi_sec + b * 1024 + (q % 16) * 64);
             if T == 1 && h0 == 0 {
-                prefetch_ahead(p.w.add(lo_line), PREFETCH);
-                if !UPPER {
-                    prefetch_ahead(p.w.add(hi_line), PREFETCH / 2);
-                }
+                q6_k_prefetch::<UPPER>(p, b, s0, qq);
             }
             for hh in 0..HS {
                 let h = h0 + hh;
