@@ -285,15 +285,24 @@ pub(crate) fn prefetch_section(p: &Tile, start: usize, len: usize, off: usize, d
 }
 
 /// A one-token pass's prefetch for quad `k` of block `b` of the 32-blocks (`legacy`):
-/// each quants line once (Q8_0's eight, the others' four), Q5_0's fifth bits nearer.
+/// each quants line once (Q8_0's eight, the others' four), Q5_0's fifth bits and the
+/// scales once a block (`prefetch_section`).
 #[inline(always)]
 pub(crate) fn prefetch_legacy<const F: u8>(p: &Tile, b: usize, k: usize) {
-    if F == Q8_0 {
-        prefetch_ahead(p.w.wrapping_add(b * 512 + k * 64), PREFETCH);
-    } else if k < 4 {
-        prefetch_ahead(p.w.wrapping_add(b * 256 + k * 64), PREFETCH);
+    let nb = p.nb;
+    let quants = if F == Q8_0 { 512 } else { 256 };
+    if F == Q8_0 || k < 4 {
+        prefetch_section(p, 0, nb * quants, b * quants + k * 64, PREFETCH);
     } else if F == Q5_0 && k == 4 {
-        prefetch_ahead(p.w.wrapping_add(p.sec[1] + b * 64), PREFETCH / 4);
+        prefetch_section(p, p.sec[1], nb * 64, b * 64, PREFETCH / 4);
+    }
+    if k == 5 {
+        let (sec, bytes) = match F {
+            Q5_0 => (p.sec[2], 32),
+            MXFP4 => (p.sec[1], 16),
+            _ => (p.sec[1], 32),
+        };
+        prefetch_section(p, sec, nb * bytes, b * bytes, PREFETCH * bytes / quants);
     }
 }
 
@@ -531,7 +540,7 @@ unsafe fn k45_block_end<D: Dot, const T: usize, const Q5: bool>(
 /// nibble line, and once per block each line of the other sections (`prefetch_section`,
 /// at distances in proportion to their bytes per block).
 #[inline(always)]
-fn k45_prefetch<const Q5: bool>(p: &Tile, b: usize, jp: usize, kk: usize) {
+pub(crate) fn k45_prefetch<const Q5: bool>(p: &Tile, b: usize, jp: usize, kk: usize) {
     let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = k45_sections::<Q5>(p);
     let nb = p.nb;
     prefetch_section(p, 0, nb * 2048, b * 2048 + (jp * 8 + kk) * 64, PREFETCH);
@@ -655,15 +664,15 @@ unsafe fn q6_k_pairs<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usiz
     }
 }
 
-/// A one-token Q6_K pass's prefetches at quad `qq` of pair `s0` of block `b`: the low
-/// line, the high line (each serves two pairs: asked for by the first), and once per
-/// block each line of the scales and d (see `k45_prefetch`).
+/// A one-token Q6_K pass's prefetches at quad `qq` of pair `s0` (< 8) of block `b`
+/// (`upper`: s0 ≥ 4): the low line, the high line (each serves two pairs: asked for by
+/// the first), and once per block each line of the scales and d (see `k45_prefetch`).
 #[inline(always)]
-fn q6_k_prefetch<const UPPER: bool>(p: &Tile, b: usize, s0: usize, qq: usize) {
+pub(crate) fn q6_k_prefetch(p: &Tile, b: usize, s0: usize, qq: usize, upper: bool) {
     let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
     let (nb, q) = (p.nb, 4 * s0 + qq);
     prefetch_section(p, 0, nb * 2048, b * 2048 + q * 64, PREFETCH);
-    if !UPPER {
+    if !upper {
         prefetch_section(p, hi_sec, nb * 1024, b * 1024 + q * 64, PREFETCH / 2);
         // Scales: 256 bytes (four lines) a block, one asked for by each lower pair.
         if qq == 1 {
@@ -708,7 +717,7 @@ unsafe fn q6_k_pair<D: Dot, const T: usize, const HS: usize, const UPPER: bool>(
             let q = 4 * s0 + qq;
             let (lo_line, hi_line) = (b * 2048 + q * 64, hi_sec + b * 1024 + (q % 16) * 64);
             if T == 1 && h0 == 0 {
-                q6_k_prefetch::<UPPER>(p, b, s0, qq);
+                q6_k_prefetch(p, b, s0, qq, UPPER);
             }
             for hh in 0..HS {
                 let h = h0 + hh;

@@ -10,7 +10,7 @@
 //! f16c, avx512f, avx512bw, avx512vl and avx512vnni (guaranteed by `packed::packable`).
 
 use crate::packed::{MXFP4_UNSIGNED, Tile};
-use crate::x86::packed256::{PREFETCH, prefetch_ahead, prefetch_legacy};
+use crate::x86::packed256::{k45_prefetch, prefetch_legacy, q6_k_prefetch};
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
@@ -305,13 +305,8 @@ unsafe fn k45_sub<const T: usize, const Q5: bool, const ODD: bool>(
     unsafe {
         let mut iacc = [_mm512_setzero_si512(); T];
         for kk in 0..8 {
-            if T == 1 {
-                if !ODD {
-                    prefetch_ahead(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64), PREFETCH);
-                }
-                if Q5 && kk == 0 {
-                    prefetch_ahead(p.w.add(hi_sec + b * 512 + 64 * j), PREFETCH / 4);
-                }
+            if T == 1 && !ODD {
+                k45_prefetch::<Q5>(p, b, j / 2, kk);
             }
             let v = load512(p.w.add(b * 2048 + ((j / 2) * 8 + kk) * 64));
             let mut w = if !ODD {
@@ -475,15 +470,10 @@ unsafe fn q6_k_sub<const T: usize, const M: usize>(
         }
         for qq in 0..4 {
             let q = 4 * s + qq;
-            if T == 1 {
+            if T == 1 && M < 2 {
                 // Quarters 0 and 1 read each low-nibble line first, quarter 0 each
                 // high-bit line.
-                if M < 2 {
-                    prefetch_ahead(p.w.add(b * 2048 + q * 64), PREFETCH);
-                }
-                if M == 0 {
-                    prefetch_ahead(p.w.add(p.sec[1] + b * 1024 + q * 64), PREFETCH / 2);
-                }
+                q6_k_prefetch(p, b, s, qq, M == 1);
             }
             let w = q6_k_quad::<M>(p, b, q);
             for (t, acc) in iacc.iter_mut().enumerate() {
