@@ -391,10 +391,16 @@ fn run_task(
         let ts = tile * TILE;
         let te = (ts + TILE).min(range.end);
         let n = te - ts;
-        if n < TILE {
-            vt[n * hv..].fill(0.0);
-        }
-        kv.values_into(ts, n, kvh * hv, hv, &mut vt);
+        // A whole tile of an f32 cache is read where it lies; a partial one is copied
+        // with zeros past its end (stale slots of a page may hold anything).
+        let (values, vs) = match kv.value_rows_f32(ts, kvh * hv) {
+            Some(rows) if n == TILE => rows,
+            _ => {
+                vt[n * hv..].fill(0.0);
+                kv.values_into(ts, n, kvh * hv, hv, &mut vt);
+                (&vt[..], hv)
+            }
+        };
         match &q8 {
             Some(q8) => {
                 let (keys, stride) = kv.key_rows_q8(tile, kvh * hk);
@@ -431,7 +437,7 @@ fn run_task(
                 }
             }
         }
-        pv_tile(&s, rows, &vt, hv, &mut acc);
+        pv_tile(&s, rows, values, vs, hv, &mut acc);
     }
     Partial { m, l, acc }
 }
@@ -860,6 +866,12 @@ mod tests {
             }
             let views = [cache.layer(s, 0)];
             for &(name, window, len, reps) in cases {
+                // LLAMAY_BENCH_CASE=decode runs only the cases whose name holds it, and
+                // LLAMAY_BENCH_REPS multiplies their repetitions (for a profiler).
+                if std::env::var("LLAMAY_BENCH_CASE").is_ok_and(|c| !name.contains(c.as_str())) {
+                    continue;
+                }
+                let reps = reps * env("LLAMAY_BENCH_REPS", 1);
                 let shape = Shape {
                     n_head: nh,
                     n_head_kv: nkv,

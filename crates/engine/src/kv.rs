@@ -825,6 +825,18 @@ impl<'a> LayerKv<'a> {
         (&s[slot0 * rb + off / Q8_BLOCK * Q8_BLOCK_BYTES..], rb)
     }
 
+    /// Values `off..` of the KEY_TILE positions from `p0` (a tile's start) where an f32
+    /// page holds them: the bytes from the first row's, and the rows' stride (the
+    /// page's value width). `None` for f16 and int8 pages (see [`LayerKv::values_into`]).
+    pub(crate) fn value_rows_f32(&self, p0: usize, off: usize) -> Option<(&'a [f32], usize)> {
+        let vd = self.store.v_dim;
+        debug_assert!(p0.is_multiple_of(KEY_TILE));
+        match &self.store.v[self.page(p0)] {
+            Buf::F32(s) => Some((&s[(p0 % PAGE) * vd + off..], vd)),
+            _ => None,
+        }
+    }
+
     /// Values `off..off + len` of positions `p0..p0 + n` (within one key tile) as `n`
     /// contiguous f32 rows in `dst`: copied, widened from f16 or dequantised from int8.
     pub(crate) fn values_into(&self, p0: usize, n: usize, off: usize, len: usize, dst: &mut [f32]) {

@@ -27,9 +27,13 @@ pub fn scores_tile(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32])
 }
 
 /// `acc[r][c] += Σ_j p[r][j] · v[j][c]` for `r < rows`, `c < hv`; `p` is `rows × TILE`,
-/// `v` is `TILE × hv`, `acc` is `rows × hv`.
-pub fn pv_tile(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
-    let ok = p.len() >= rows * TILE && v.len() >= TILE * hv && acc.len() >= rows * hv;
+/// `v` is `TILE` rows of `hv` values, `vs` apart (`vs >= hv`: an f32 cache page's rows
+/// are read where they lie), `acc` is `rows × hv`.
+pub fn pv_tile(p: &[f32], rows: usize, v: &[f32], vs: usize, hv: usize, acc: &mut [f32]) {
+    let ok = p.len() >= rows * TILE
+        && vs >= hv
+        && v.len() >= (TILE - 1) * vs + hv
+        && acc.len() >= rows * hv;
     if !ok {
         debug_assert!(false, "pv_tile: shapes do not match");
         return;
@@ -37,11 +41,11 @@ pub fn pv_tile(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match simd() {
         // SAFETY: as in `scores_tile`.
-        Some(true) => return unsafe { avx512::pv(p, rows, v, hv, acc) },
-        Some(false) => return unsafe { avx2::pv(p, rows, v, hv, acc) },
+        Some(true) => return unsafe { avx512::pv(p, rows, v, vs, hv, acc) },
+        Some(false) => return unsafe { avx2::pv(p, rows, v, vs, hv, acc) },
         None => {}
     }
-    pv_portable(p, rows, v, hv, acc)
+    pv_portable(p, rows, v, vs, hv, acc)
 }
 
 pub(crate) fn scores_portable(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
@@ -57,25 +61,32 @@ pub(crate) fn scores_portable(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: 
     }
 }
 
-pub(crate) fn pv_portable(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
+pub(crate) fn pv_portable(
+    p: &[f32],
+    rows: usize,
+    v: &[f32],
+    vs: usize,
+    hv: usize,
+    acc: &mut [f32],
+) {
     for r in 0..rows {
         pv_cols(
             &p[r * TILE..(r + 1) * TILE],
             v,
-            hv,
+            vs,
             &mut acc[r * hv..(r + 1) * hv],
             0,
         );
     }
 }
 
-/// One row of `pv_tile` for columns `c0..hv`: each column sums its TILE products in
-/// order (the SIMD versions' tails, and the whole portable version).
-fn pv_cols(p_row: &[f32], v: &[f32], hv: usize, acc_row: &mut [f32], c0: usize) {
-    for c in c0..hv {
+/// One row of `pv_tile` for columns `c0..acc_row.len()`: each column sums its TILE
+/// products in order (the SIMD versions' tails, and the whole portable version).
+fn pv_cols(p_row: &[f32], v: &[f32], vs: usize, acc_row: &mut [f32], c0: usize) {
+    for c in c0..acc_row.len() {
         let mut x = acc_row[c];
         for (j, w) in p_row.iter().enumerate().take(TILE) {
-            x += w * v[j * hv + c];
+            x += w * v[j * vs + c];
         }
         acc_row[c] = x;
     }
@@ -125,9 +136,14 @@ pub fn softmax_row(
         return 1.0;
     }
     #[cfg(target_arch = "x86_64")]
-    if softcap.is_none() && simd() == Some(true) {
-        // SAFETY: the dispatch reports AVX-512 only when the CPU has avx512f (+AVX2/FMA).
-        return unsafe { avx512::softmax_row(s, a, b, scale, m, l) };
+    if softcap.is_none() {
+        match simd() {
+            // SAFETY: the dispatch reports AVX-512 only when the CPU has avx512f
+            // (+AVX2/FMA), AVX2 only with AVX2+FMA.
+            Some(true) => return unsafe { avx512::softmax_row(s, a, b, scale, m, l) },
+            Some(false) => return unsafe { avx2::softmax_row(s, a, b, scale, m, l) },
+            None => {}
+        }
     }
     let mut mt = f32::NEG_INFINITY;
     s[..a].fill(f32::NEG_INFINITY);
@@ -205,6 +221,65 @@ mod avx2 {
         }
     }
 
+    /// `super::softmax_row` without soft-cap, for `a < b <= TILE`: two 8-lane halves,
+    /// the invisible lanes masked to −∞ for the max and to 0 after the exponential.
+    ///
+    /// # Safety
+    /// AVX2 + FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn softmax_row(
+        s: &mut [f32; TILE],
+        a: usize,
+        b: usize,
+        scale: f32,
+        m: &mut f32,
+        l: &mut f32,
+    ) -> f32 {
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let (lo, hi) = (_mm256_set1_epi32(a as i32 - 1), _mm256_set1_epi32(b as i32));
+        let p = s.as_mut_ptr();
+        let mut v = [_mm256_setzero_ps(); 2];
+        let mut vis = [_mm256_setzero_ps(); 2];
+        let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
+        for h in 0..2 {
+            let idx = _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h as i32));
+            // a <= idx < b
+            let mask = _mm256_and_si256(_mm256_cmpgt_epi32(idx, lo), _mm256_cmpgt_epi32(hi, idx));
+            vis[h] = _mm256_castsi256_ps(mask);
+            // SAFETY: two 8-lane halves of the 16-float array.
+            v[h] = _mm256_mul_ps(
+                unsafe { _mm256_loadu_ps(p.add(8 * h)) },
+                _mm256_set1_ps(scale),
+            );
+            mx = _mm256_max_ps(mx, _mm256_blendv_ps(mx, v[h], vis[h]));
+        }
+        let c = super::grow_max(m, l, hmax8(mx));
+        let mv = _mm256_set1_ps(*m);
+        let mut sum = _mm256_setzero_ps();
+        for h in 0..2 {
+            let e = _mm256_and_ps(vis[h], exp8(_mm256_sub_ps(v[h], mv)));
+            sum = _mm256_add_ps(sum, e);
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(p.add(8 * h), e) };
+        }
+        *l += hsum8(sum);
+        c
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hmax8(x: __m256) -> f32 {
+        let x = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+        let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum8(x: __m256) -> f32 {
+        let x = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)))
+    }
+
     /// # Safety
     /// AVX2 + FMA.
     #[target_feature(enable = "avx2,fma")]
@@ -231,7 +306,14 @@ mod avx2 {
     /// # Safety
     /// AVX2 + FMA; shapes as `pv_tile` checks.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn pv(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
+    pub(super) unsafe fn pv(
+        p: &[f32],
+        rows: usize,
+        v: &[f32],
+        vs: usize,
+        hv: usize,
+        acc: &mut [f32],
+    ) {
         let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
         // SAFETY: r < rows, j < TILE, c + 8 <= hv (scalar tail below): inside the
         // checked lengths.
@@ -246,7 +328,7 @@ mod avx2 {
                     }
                     for j in 0..TILE {
                         let w = _mm256_set1_ps(*pp.add(r * TILE + j));
-                        let vr = vp.add(j * hv + c0);
+                        let vr = vp.add(j * vs + c0);
                         for (u, x) in a.iter_mut().enumerate() {
                             *x = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr.add(8 * u)), *x);
                         }
@@ -260,13 +342,13 @@ mod avx2 {
                     let mut x = _mm256_loadu_ps(a_row.add(c0));
                     for j in 0..TILE {
                         let w = _mm256_set1_ps(*pp.add(r * TILE + j));
-                        x = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp.add(j * hv + c0)), x);
+                        x = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp.add(j * vs + c0)), x);
                     }
                     _mm256_storeu_ps(a_row.add(c0), x);
                     c0 += 8;
                 }
                 let row = &mut *std::ptr::slice_from_raw_parts_mut(a_row, hv);
-                super::pv_cols(&p[r * TILE..(r + 1) * TILE], v, hv, row, c0);
+                super::pv_cols(&p[r * TILE..(r + 1) * TILE], v, vs, row, c0);
             }
         }
     }
@@ -377,14 +459,14 @@ mod avx512 {
     /// in every row is skipped.
     ///
     /// # Safety
-    /// AVX-512F; R rows of TILE weights at `p`, TILE rows of `hv` at `v` with 16U
-    /// columns from it, R rows of 16U floats at `acc` (stride `hv`).
+    /// AVX-512F; R rows of TILE weights at `p`, TILE rows `vs` apart at `v` with 16U
+    /// columns from each, R rows of 16U floats at `acc` (stride `hv`).
     #[target_feature(enable = "avx2,fma,avx512f")]
     #[inline]
     unsafe fn pv_block<const R: usize, const U: usize>(
         p: *const f32,
         v: *const f32,
-        hv: usize,
+        (vs, hv): (usize, usize),
         acc: *mut f32,
     ) {
         // SAFETY: the caller's.
@@ -399,7 +481,7 @@ mod avx512 {
                 if (0..R).all(|i| *p.add(i * TILE + j) == 0.0) {
                     continue;
                 }
-                let vr = v.add(j * hv);
+                let vr = v.add(j * vs);
                 for (i, row) in a.iter_mut().enumerate() {
                     let w = _mm512_set1_ps(*p.add(i * TILE + j));
                     for (u, x) in row.iter_mut().enumerate() {
@@ -418,7 +500,14 @@ mod avx512 {
     /// # Safety
     /// AVX-512F (+ AVX2, FMA); shapes as `pv_tile` checks.
     #[target_feature(enable = "avx2,fma,avx512f")]
-    pub(super) unsafe fn pv(p: &[f32], rows: usize, v: &[f32], hv: usize, acc: &mut [f32]) {
+    pub(super) unsafe fn pv(
+        p: &[f32],
+        rows: usize,
+        v: &[f32],
+        vs: usize,
+        hv: usize,
+        acc: &mut [f32],
+    ) {
         let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
         // SAFETY: r < rows, j < TILE, c + 16 <= hv (scalar tail below): inside the
         // checked lengths.
@@ -427,7 +516,7 @@ mod avx512 {
             let mut r0 = 0;
             if hv == 64 {
                 while r0 + 2 <= rows {
-                    pv_block::<2, 4>(pp.add(r0 * TILE), vp, hv, ap.add(r0 * hv));
+                    pv_block::<2, 4>(pp.add(r0 * TILE), vp, (vs, hv), ap.add(r0 * hv));
                     r0 += 2;
                 }
             }
@@ -436,24 +525,24 @@ mod avx512 {
                 let mut c0 = 0;
                 // Whole 128- then 64-column blocks: each weight broadcast once per block.
                 while c0 + 128 <= hv {
-                    pv_block::<1, 8>(pp.add(r * TILE), vp.add(c0), hv, a_row.add(c0));
+                    pv_block::<1, 8>(pp.add(r * TILE), vp.add(c0), (vs, hv), a_row.add(c0));
                     c0 += 128;
                 }
                 while c0 + 64 <= hv {
-                    pv_block::<1, 4>(pp.add(r * TILE), vp.add(c0), hv, a_row.add(c0));
+                    pv_block::<1, 4>(pp.add(r * TILE), vp.add(c0), (vs, hv), a_row.add(c0));
                     c0 += 64;
                 }
                 while c0 + 16 <= hv {
                     let mut x = _mm512_loadu_ps(a_row.add(c0));
                     for j in 0..TILE {
                         let w = _mm512_set1_ps(*pp.add(r * TILE + j));
-                        x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vp.add(j * hv + c0)), x);
+                        x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vp.add(j * vs + c0)), x);
                     }
                     _mm512_storeu_ps(a_row.add(c0), x);
                     c0 += 16;
                 }
                 let row = &mut *std::ptr::slice_from_raw_parts_mut(a_row, hv);
-                super::pv_cols(&p[r * TILE..(r + 1) * TILE], v, hv, row, c0);
+                super::pv_cols(&p[r * TILE..(r + 1) * TILE], v, vs, row, c0);
             }
         }
     }
@@ -498,16 +587,26 @@ mod tests {
                     }
                 })
                 .collect();
-            let v: Vec<f32> = (0..TILE * hv).map(|_| next()).collect();
-            let init: Vec<f32> = (0..rows * hv).map(|_| next()).collect();
-            let (mut a1, mut a2) = (init.clone(), init);
-            pv_tile(&p, rows, &v, hv, &mut a1);
-            pv_portable(&p, rows, &v, hv, &mut a2);
-            for (a, b) in a1.iter().zip(&a2) {
-                assert!(
-                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                    "pv {rows}x{hv}: {a} vs {b}"
-                );
+            // Values packed (`vs == hv`) and as rows of a wider cache page, whose other
+            // columns must not be read into the result.
+            for vs in [hv, hv + 24] {
+                let v: Vec<f32> = (0..(TILE - 1) * vs + hv).map(|_| next()).collect();
+                let init: Vec<f32> = (0..rows * hv).map(|_| next()).collect();
+                let (mut a1, mut a2) = (init.clone(), init.clone());
+                pv_tile(&p, rows, &v, vs, hv, &mut a1);
+                pv_portable(&p, rows, &v, vs, hv, &mut a2);
+                for (c, (a, b)) in a1.iter().zip(&a2).enumerate() {
+                    let (r, c) = (c / hv, c % hv);
+                    let plain: f32 = init[r * hv + c]
+                        + (0..TILE)
+                            .map(|j| p[r * TILE + j] * v[j * vs + c])
+                            .sum::<f32>();
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs())
+                            && (b - plain).abs() <= 1e-5 * (1.0 + plain.abs()),
+                        "pv {rows}x{hv} (rows {vs} apart) at {r},{c}: {a} vs {b} vs {plain}"
+                    );
+                }
             }
         }
     }
