@@ -201,7 +201,8 @@ pub(crate) fn attention_with(
     // One task per (block, KV head) folds that block's segments in order itself; when
     // those are too few for the pool (one token at long context), one task per
     // segment, folded in the same order in the merge. The same folds either way.
-    let per_segment = blocks.len() * nkv < 2 * pool.n_threads();
+    let want = 2 * pool.n_threads();
+    let per_segment = blocks.len() * nkv < want;
     let n_seg: Vec<usize> = if per_segment {
         (ranges.iter())
             .map(|&(lo, hi)| segments(lo, hi, segment).count().max(1))
@@ -209,23 +210,35 @@ pub(crate) fn attention_with(
     } else {
         vec![1; blocks.len()]
     };
-    // Tasks (block, KV head, segment index), later blocks (longer ranges) first so the
-    // pool ends balanced; `first[b]` is block b's first task, then each KV head's run
-    // of `n_seg[b]` tasks.
+    // Still too few tasks (one token in a short window: one segment, or a long one
+    // and a sliver): the q heads of a KV head are split into `parts` runs, each task
+    // reading the same keys for fewer rows. Rows are computed alone, so their results
+    // do not depend on the split.
+    let n_tasks = nkv * n_seg.iter().sum::<usize>();
+    let parts = (1..=group)
+        .find(|&p| group.is_multiple_of(p) && n_tasks * p >= want)
+        .unwrap_or(group);
+    let gp = group / parts;
+    // Tasks (block, KV head, head part, segment index), later blocks (longer ranges)
+    // first so the pool ends balanced; `first[b]` is block b's first task, then each
+    // (KV head, part)'s run of `n_seg[b]` tasks.
     let mut tasks = Vec::new();
     let mut first = vec![0usize; blocks.len()];
     for b in (0..blocks.len()).rev() {
         first[b] = tasks.len();
         for kvh in 0..nkv {
-            tasks.extend((0..n_seg[b]).map(|k| (b, kvh, k)));
+            for part in 0..parts {
+                tasks.extend((0..n_seg[b]).map(|k| (b, kvh, part, k)));
+            }
         }
     }
     let slots: Vec<OnceLock<Partial>> = (0..tasks.len()).map(|_| OnceLock::new()).collect();
     pool.run(tasks.len(), |i| {
-        let (b, kvh, k) = tasks[i];
+        let (b, kvh, part, k) = tasks[i];
         let block = &blocks[b];
         let (lo, hi) = ranges[b];
-        let run = |(c0, c1)| run_task(shape, &views[block.seq], q, block, kvh, c0..c1);
+        let heads = kvh * group + part * gp..kvh * group + (part + 1) * gp;
+        let run = |(c0, c1)| run_task(shape, &views[block.seq], q, block, kvh, &heads, c0..c1);
         let p = if per_segment {
             segments(lo, hi, segment)
                 .nth(k)
@@ -241,17 +254,17 @@ pub(crate) fn attention_with(
         let _ = slots[i].set(p);
     });
 
-    let mut parts: Vec<Partial> = slots
+    let mut partials: Vec<Partial> = slots
         .into_iter()
         .map(|s| s.into_inner().expect("every attention task ran"))
         .collect();
-    // Fold each (block, KV head)'s segment partials into its first, in order (only
-    // when tasks were per segment).
+    // Fold each (block, KV head, part)'s segment partials into its first, in order
+    // (only when tasks were per segment).
     if per_segment {
         for b in 0..blocks.len() {
-            for kvh in 0..nkv {
-                let i0 = first[b] + kvh * n_seg[b];
-                let (head, rest) = parts[i0..i0 + n_seg[b]].split_at_mut(1);
+            for run in 0..nkv * parts {
+                let i0 = first[b] + run * n_seg[b];
+                let (head, rest) = partials[i0..i0 + n_seg[b]].split_at_mut(1);
                 for p in rest.iter() {
                     head[0].fold(p, hv);
                 }
@@ -272,9 +285,9 @@ pub(crate) fn attention_with(
             let b = block_of[t];
             let i = t - blocks[b].t0;
             for kvh in 0..nkv {
-                let p = &parts[first[b] + kvh * n_seg[b]];
                 for g in 0..group {
-                    let r = i * group + g;
+                    let p = &partials[first[b] + (kvh * parts + g / gp) * n_seg[b]];
+                    let r = i * gp + g % gp;
                     let head = kvh * group + g;
                     let sink = shape.sinks.map(|s| s[head]);
                     p.normalise_row(r, hv, sink, &mut row[head * hv..(head + 1) * hv]);
@@ -340,23 +353,24 @@ impl Partial {
     }
 }
 
-/// One task: the query rows of `block` whose heads share KV head `kvh`, over KV
-/// positions `range` (each row limited to the positions it sees).
+/// One task: the query rows of `block` for q heads `heads` (which share KV head
+/// `kvh`), over KV positions `range` (each row limited to the positions it sees).
 fn run_task(
     shape: &Shape<'_>,
     kv: &LayerKv<'_>,
     q: &[f32],
     block: &Block,
     kvh: usize,
+    heads: &std::ops::Range<usize>,
     range: std::ops::Range<usize>,
 ) -> Partial {
     let (nh, hk, hv) = (shape.n_head, shape.head_dim_k, shape.head_dim_v);
-    let group = nh / shape.n_head_kv;
+    let group = heads.len();
     let rows = block.n * group;
-    // Query rows `i * group + g`: token `block.t0 + i`, head `kvh * group + g`.
+    // Query rows `i * group + g`: token `block.t0 + i`, head `heads.start + g`.
     let mut qs = vec![0f32; rows * hk];
     for (r, dst) in qs.chunks_exact_mut(hk).enumerate() {
-        let (t, head) = (block.t0 + r / group, kvh * group + r % group);
+        let (t, head) = (block.t0 + r / group, heads.start + r % group);
         dst.copy_from_slice(&q[(t * nh + head) * hk..(t * nh + head + 1) * hk]);
     }
     let precision = kv.precision();
@@ -635,9 +649,21 @@ mod tests {
                 segment: 4096,
             },
         ];
+        // Each tuning's result on one thread; on three, the same bits (more tasks, and
+        // at one token the q heads split among them, change nothing).
+        let mut alone: Vec<Vec<f32>> = Vec::new();
         for tp in &pools {
-            for tuning in &tunings {
+            for (k, tuning) in tunings.iter().enumerate() {
                 let got = attention_with(&shape, tuning, &views, &batch, &q, tp);
+                match alone.get(k) {
+                    Some(a) => assert!(
+                        a.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{tuning:?}: {} threads differ from one; heads {nh}/{nkv}, \
+                         window {window:?}, {precision:?}, {mode:?}",
+                        tp.n_threads()
+                    ),
+                    None => alone.push(got.clone()),
+                }
                 assert_eq!(got.len(), want.len());
                 for (r, (g, w)) in got.chunks(hv).zip(want.chunks(hv)).enumerate() {
                     let scale = w.iter().fold(0f64, |a, b| a.max(b.abs())).max(1e-3);
@@ -825,9 +851,17 @@ mod tests {
             ),
             ((32, 8, 64, 0), &[("llama-1b prefill 512", None, 512, 5)]),
         ];
-        let best = |f: &mut dyn FnMut() -> Vec<f32>, reps: usize| {
+        // LLAMAY_BENCH_COLD=1: 128 MiB are read between repetitions (untimed), so the
+        // cache comes from DRAM, as in a decode step after the weights' matmuls.
+        let cold = std::env::var("LLAMAY_BENCH_COLD").is_ok_and(|v| v == "1");
+        let mut flush = vec![1u8; if cold { 128 << 20 } else { 0 }];
+        let mut best = |f: &mut dyn FnMut() -> Vec<f32>, reps: usize| {
             (0..reps)
                 .map(|_| {
+                    for line in flush.chunks_mut(64) {
+                        line[0] = line[0].wrapping_add(1);
+                    }
+                    std::hint::black_box(&flush);
                     let t = std::time::Instant::now();
                     std::hint::black_box(f());
                     t.elapsed().as_secs_f64() * 1e3
