@@ -238,7 +238,7 @@ pub(crate) fn attention_with(
         let block = &blocks[b];
         let (lo, hi) = ranges[b];
         let heads = kvh * group + part * gp..kvh * group + (part + 1) * gp;
-        let run = |(c0, c1)| run_task(shape, &views[block.seq], q, block, kvh, &heads, c0..c1);
+        let run = |(c0, c1)| run_task(shape, &views[block.seq], q, block, &heads, c0..c1);
         let p = if per_segment {
             segments(lo, hi, segment)
                 .nth(k)
@@ -353,18 +353,18 @@ impl Partial {
     }
 }
 
-/// One task: the query rows of `block` for q heads `heads` (which share KV head
-/// `kvh`), over KV positions `range` (each row limited to the positions it sees).
+/// One task: the query rows of `block` for q heads `heads` (which share one KV head),
+/// over KV positions `range` (each row limited to the positions it sees).
 fn run_task(
     shape: &Shape<'_>,
     kv: &LayerKv<'_>,
     q: &[f32],
     block: &Block,
-    kvh: usize,
     heads: &std::ops::Range<usize>,
     range: std::ops::Range<usize>,
 ) -> Partial {
     let (nh, hk, hv) = (shape.n_head, shape.head_dim_k, shape.head_dim_v);
+    let kvh = heads.start / (nh / shape.n_head_kv);
     let group = heads.len();
     let rows = block.n * group;
     // Query rows `i * group + g`: token `block.t0 + i`, head `heads.start + g`.

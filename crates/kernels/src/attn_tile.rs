@@ -179,6 +179,7 @@ fn grow_max(m: &mut f32, l: &mut f32, mt: f32) -> f32 {
 mod avx2 {
     use super::TILE;
     use crate::vecf32::avx2::exp8;
+    use crate::x86::avx2::{hmax_f32, hsum_f32};
     use std::arch::x86_64::*;
 
     /// # Safety
@@ -225,8 +226,8 @@ mod avx2 {
     /// the invisible lanes masked to −∞ for the max and to 0 after the exponential.
     ///
     /// # Safety
-    /// AVX2 + FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// AVX2 + FMA + F16C (every x86 set has all three).
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn softmax_row(
         s: &mut [f32; TILE],
         a: usize,
@@ -253,7 +254,7 @@ mod avx2 {
             );
             mx = _mm256_max_ps(mx, _mm256_blendv_ps(mx, v[h], vis[h]));
         }
-        let c = super::grow_max(m, l, hmax8(mx));
+        let c = super::grow_max(m, l, hmax_f32(mx));
         let mv = _mm256_set1_ps(*m);
         let mut sum = _mm256_setzero_ps();
         for h in 0..2 {
@@ -262,22 +263,9 @@ mod avx2 {
             // SAFETY: as above.
             unsafe { _mm256_storeu_ps(p.add(8 * h), e) };
         }
-        *l += hsum8(sum);
+        // SAFETY: the features this function has.
+        *l += unsafe { hsum_f32(sum) };
         c
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn hmax8(x: __m256) -> f32 {
-        let x = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-        let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-        _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)))
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum8(x: __m256) -> f32 {
-        let x = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-        _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)))
     }
 
     /// # Safety

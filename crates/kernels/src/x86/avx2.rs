@@ -31,6 +31,16 @@ pub(crate) unsafe fn hsum_f32(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Largest lane of `m`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) fn hmax_f32(m: __m256) -> f32 {
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    _mm_cvtss_f32(m4)
+}
+
 /// One f16 (little-endian bytes at `p`) to f32 with F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

@@ -4,17 +4,8 @@
 //! `crate::quant_fn`, which hands them out only when `dispatch::hardware()` found
 //! avx2 + fma + f16c.
 
+use super::avx2::hmax_f32 as hmax;
 use core::arch::x86_64::*;
-
-/// Largest lane of `m`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn hmax(m: __m256) -> f32 {
-    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    _mm_cvtss_f32(m4)
-}
 
 /// `v · s` rounded half to even, as i32 lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
