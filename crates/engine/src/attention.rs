@@ -18,7 +18,7 @@
 
 use crate::kv::{LayerKv, first_seen as first};
 use llamay_formats::GgmlType;
-use llamay_kernels::attn_tile::{TILE, pv_tile, scores_tile, softmax_row};
+use llamay_kernels::attn_tile::{KvRows, TILE, pv_tile, scores_tile, softmax_row};
 use llamay_kernels::{ThreadPool, axpy_f32};
 use std::sync::OnceLock;
 
@@ -389,7 +389,6 @@ fn run_task(
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0f32; rows];
     let mut acc = vec![0f32; rows * hv];
-    let mut kbuf = Vec::new();
     // The tile's values (`TILE × hv`, zero past the range's end); the scores, then the
     // weights, of every row. Keys come transposed from the cache (`hk × TILE`).
     let mut vt = vec![0f32; TILE * hv];
@@ -405,14 +404,14 @@ fn run_task(
         let ts = tile * TILE;
         let te = (ts + TILE).min(range.end);
         let n = te - ts;
-        // A whole tile of an f32 cache is read where it lies; a partial one is copied
-        // with zeros past its end (stale slots of a page may hold anything).
-        let (values, vs) = match kv.value_rows_f32(ts, kvh * hv) {
+        // A whole tile of an f32 or f16 cache is read where it lies; a partial one is
+        // copied with zeros past its end (stale slots of a page may hold anything).
+        let (values, vs) = match kv.value_rows(ts, kvh * hv) {
             Some(rows) if n == TILE => rows,
             _ => {
                 vt[n * hv..].fill(0.0);
                 kv.values_into(ts, n, kvh * hv, hv, &mut vt);
-                (&vt[..], hv)
+                (KvRows::F32(&vt[..]), hv)
             }
         };
         match &q8 {
@@ -431,8 +430,7 @@ fn run_task(
                 }
             }
             None => {
-                let kt = kv.key_tile(tile, kvh * hk, hk, &mut kbuf);
-                scores_tile(&qs, rows, hk, kt, &mut s);
+                scores_tile(&qs, rows, hk, kv.key_tile(tile, kvh * hk, hk), &mut s);
             }
         }
         for i in 0..block.n {

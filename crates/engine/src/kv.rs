@@ -17,6 +17,7 @@
 use crate::DecodeError;
 use half::f16;
 use llamay_formats::GgmlType;
+use llamay_kernels::attn_tile::KvRows;
 use std::collections::BTreeMap;
 
 /// Positions per key tile (see the module docs).
@@ -768,28 +769,15 @@ impl<'a> LayerKv<'a> {
     }
 
     /// Key tile `t` (positions `t * KEY_TILE ..`): the `len` values from `off` of each
-    /// position, transposed (`len × KEY_TILE`), borrowed from an f32 page or widened
-    /// from f16 into `buf`. Lanes past the sequence's end hold zeros or stale keys: the
-    /// caller masks them. Not for int8 keys (see [`LayerKv::key_rows_q8`]).
-    pub(crate) fn key_tile<'b>(
-        &self,
-        t: usize,
-        off: usize,
-        len: usize,
-        buf: &'b mut Vec<f32>,
-    ) -> &'b [f32]
-    where
-        'a: 'b,
-    {
+    /// position, transposed (`len × KEY_TILE`), read where the f32 or f16 page holds
+    /// them. Lanes past the sequence's end hold zeros or stale keys: the caller masks
+    /// them. Not for int8 keys (see [`LayerKv::key_rows_q8`]).
+    pub(crate) fn key_tile(&self, t: usize, off: usize, len: usize) -> KvRows<'a> {
         let kd = self.store.k_dim;
         let at = ((t % (PAGE / KEY_TILE)) * kd + off) * KEY_TILE;
         match &self.store.k[self.page(t * KEY_TILE)] {
-            Buf::F32(s) => &s[at..at + len * KEY_TILE],
-            Buf::F16(s) => {
-                buf.resize(len * KEY_TILE, 0.0);
-                llamay_kernels::widen_f16(&s[at..at + len * KEY_TILE], buf);
-                buf
-            }
+            Buf::F32(s) => KvRows::F32(&s[at..at + len * KEY_TILE]),
+            Buf::F16(s) => KvRows::F16(&s[at..at + len * KEY_TILE]),
             Buf::Q8(_) => unreachable!("int8 keys are read as rows"),
         }
     }
@@ -804,10 +792,12 @@ impl<'a> LayerKv<'a> {
             let j = pos % KEY_TILE;
             llamay_kernels::dequantize_q8_0(&rows[j * stride..(j + 1) * stride], &mut out);
         } else {
-            let mut buf = Vec::new();
-            let kt = self.key_tile(pos / KEY_TILE, 0, kd, &mut buf);
-            for (c, o) in out.iter_mut().enumerate() {
-                *o = kt[c * KEY_TILE + pos % KEY_TILE];
+            let at = |c: usize| c * KEY_TILE + pos % KEY_TILE;
+            match self.key_tile(pos / KEY_TILE, 0, kd) {
+                KvRows::F32(kt) => out.iter_mut().enumerate().for_each(|(c, o)| *o = kt[at(c)]),
+                KvRows::F16(kt) => {
+                    (out.iter_mut().enumerate()).for_each(|(c, o)| *o = kt[at(c)].to_f32())
+                }
             }
         }
         out
@@ -826,14 +816,16 @@ impl<'a> LayerKv<'a> {
     }
 
     /// Values `off..` of the KEY_TILE positions from `p0` (a tile's start) where an f32
-    /// page holds them: the bytes from the first row's, and the rows' stride (the
-    /// page's value width). `None` for f16 and int8 pages (see [`LayerKv::values_into`]).
-    pub(crate) fn value_rows_f32(&self, p0: usize, off: usize) -> Option<(&'a [f32], usize)> {
+    /// or f16 page holds them: the elements from the first row's, and the rows' stride
+    /// (the page's value width). `None` for int8 pages (see [`LayerKv::values_into`]).
+    pub(crate) fn value_rows(&self, p0: usize, off: usize) -> Option<(KvRows<'a>, usize)> {
         let vd = self.store.v_dim;
         debug_assert!(p0.is_multiple_of(KEY_TILE));
+        let at = (p0 % PAGE) * vd + off;
         match &self.store.v[self.page(p0)] {
-            Buf::F32(s) => Some((&s[(p0 % PAGE) * vd + off..], vd)),
-            _ => None,
+            Buf::F32(s) => Some((KvRows::F32(&s[at..]), vd)),
+            Buf::F16(s) => Some((KvRows::F16(&s[at..]), vd)),
+            Buf::Q8(_) => None,
         }
     }
 

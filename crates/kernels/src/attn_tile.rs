@@ -1,24 +1,52 @@
 //! The two small products of tiled attention, over a tile of `TILE` key positions:
 //! scores `S = Q · Kᵀ` with the keys stored transposed (`kt[d][j]`, so the tile's keys
-//! sit in SIMD lanes and no horizontal sums are needed), and `Acc += P · V`. A portable
-//! reference and an AVX2+FMA version behind the one dispatch point; they agree within
-//! f32 rounding (the order of the additions over `d` is the same, FMA vs mul+add aside).
+//! sit in SIMD lanes and no horizontal sums are needed), and `Acc += P · V`. Keys and
+//! values are read where the cache holds them, f32 or f16 ([`KvRows`]): f16 is widened
+//! in registers, which is exact, so an f16 tile gives bit for bit what its widened copy
+//! would. A portable reference and AVX2+FMA / AVX-512 versions behind the one dispatch
+//! point; they agree within f32 rounding (the order of the additions over `d` is the
+//! same, FMA vs mul+add aside).
+
+use half::f16;
 
 /// Key positions per tile.
 pub const TILE: usize = 16;
 
+/// Keys or values as a cache page holds them.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl KvRows<'_> {
+    fn len(&self) -> usize {
+        match self {
+            KvRows::F32(x) => x.len(),
+            KvRows::F16(x) => x.len(),
+        }
+    }
+}
+
 /// `s[r][j] = Σ_d q[r][d] · kt[d][j]` for `r < rows`, `j < TILE`; `q` is `rows × hk`,
 /// `kt` is `hk × TILE`, `s` is `rows × TILE`.
-pub fn scores_tile(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
+pub fn scores_tile(q: &[f32], rows: usize, hk: usize, kt: KvRows<'_>, s: &mut [f32]) {
     let ok = q.len() >= rows * hk && kt.len() >= hk * TILE && s.len() >= rows * TILE;
     if !ok {
         debug_assert!(false, "scores_tile: shapes do not match");
         return;
     }
+    match kt {
+        KvRows::F32(kt) => scores_dispatch(q, rows, hk, kt, s),
+        KvRows::F16(kt) => scores_dispatch(q, rows, hk, kt, s),
+    }
+}
+
+fn scores_dispatch<E: Elem>(q: &[f32], rows: usize, hk: usize, kt: &[E], s: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match simd() {
-        // SAFETY: lengths checked above; the dispatch reports Avx512Vnni only when the
-        // CPU has avx512f (and AVX2+FMA), Avx2 only with AVX2+FMA.
+        // SAFETY: `scores_tile` checked the lengths; the dispatch reports Avx512Vnni only
+        // when the CPU has avx512f (and AVX2+FMA+F16C), Avx2 only with AVX2+FMA+F16C.
         Some(true) => return unsafe { avx512::scores(q, rows, hk, kt, s) },
         Some(false) => return unsafe { avx2::scores(q, rows, hk, kt, s) },
         None => {}
@@ -27,9 +55,9 @@ pub fn scores_tile(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32])
 }
 
 /// `acc[r][c] += Σ_j p[r][j] · v[j][c]` for `r < rows`, `c < hv`; `p` is `rows × TILE`,
-/// `v` is `TILE` rows of `hv` values, `vs` apart (`vs >= hv`: an f32 cache page's rows
-/// are read where they lie), `acc` is `rows × hv`.
-pub fn pv_tile(p: &[f32], rows: usize, v: &[f32], vs: usize, hv: usize, acc: &mut [f32]) {
+/// `v` is `TILE` rows of `hv` values, `vs` apart (`vs >= hv`: a cache page's rows are
+/// read where they lie), `acc` is `rows × hv`.
+pub fn pv_tile(p: &[f32], rows: usize, v: KvRows<'_>, vs: usize, hv: usize, acc: &mut [f32]) {
     let ok = p.len() >= rows * TILE
         && vs >= hv
         && v.len() >= (TILE - 1) * vs + hv
@@ -38,9 +66,16 @@ pub fn pv_tile(p: &[f32], rows: usize, v: &[f32], vs: usize, hv: usize, acc: &mu
         debug_assert!(false, "pv_tile: shapes do not match");
         return;
     }
+    match v {
+        KvRows::F32(v) => pv_dispatch(p, rows, v, vs, hv, acc),
+        KvRows::F16(v) => pv_dispatch(p, rows, v, vs, hv, acc),
+    }
+}
+
+fn pv_dispatch<E: Elem>(p: &[f32], rows: usize, v: &[E], vs: usize, hv: usize, acc: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match simd() {
-        // SAFETY: as in `scores_tile`.
+        // SAFETY: as in `scores_dispatch` (`pv_tile` checked the lengths).
         Some(true) => return unsafe { avx512::pv(p, rows, v, vs, hv, acc) },
         Some(false) => return unsafe { avx2::pv(p, rows, v, vs, hv, acc) },
         None => {}
@@ -48,27 +83,74 @@ pub fn pv_tile(p: &[f32], rows: usize, v: &[f32], vs: usize, hv: usize, acc: &mu
     pv_portable(p, rows, v, vs, hv, acc)
 }
 
-pub(crate) fn scores_portable(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
+/// A cache element the tile products read: its value as f32 and, on x86, 8 or 16 of
+/// them widened into a vector (only inlined into functions that enable the features).
+trait Elem: Copy {
+    fn f32(self) -> f32;
+    /// # Safety
+    /// 8 elements readable from `p`; the caller enables AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// # Safety
+    /// 16 elements readable from `p`; the caller enables AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (8 halves are 16 bytes).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (16 halves are 32 bytes).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+}
+
+fn scores_portable<E: Elem>(q: &[f32], rows: usize, hk: usize, kt: &[E], s: &mut [f32]) {
     for r in 0..rows {
         let mut acc = [0f32; TILE];
         for d in 0..hk {
             let qd = q[r * hk + d];
             for (a, k) in acc.iter_mut().zip(&kt[d * TILE..(d + 1) * TILE]) {
-                *a += qd * k;
+                *a += qd * k.f32();
             }
         }
         s[r * TILE..(r + 1) * TILE].copy_from_slice(&acc);
     }
 }
 
-pub(crate) fn pv_portable(
-    p: &[f32],
-    rows: usize,
-    v: &[f32],
-    vs: usize,
-    hv: usize,
-    acc: &mut [f32],
-) {
+fn pv_portable<E: Elem>(p: &[f32], rows: usize, v: &[E], vs: usize, hv: usize, acc: &mut [f32]) {
     for r in 0..rows {
         pv_cols(
             &p[r * TILE..(r + 1) * TILE],
@@ -82,11 +164,11 @@ pub(crate) fn pv_portable(
 
 /// One row of `pv_tile` for columns `c0..acc_row.len()`: each column sums its TILE
 /// products in order (the SIMD versions' tails, and the whole portable version).
-fn pv_cols(p_row: &[f32], v: &[f32], vs: usize, acc_row: &mut [f32], c0: usize) {
+fn pv_cols<E: Elem>(p_row: &[f32], v: &[E], vs: usize, acc_row: &mut [f32], c0: usize) {
     for c in c0..acc_row.len() {
         let mut x = acc_row[c];
         for (j, w) in p_row.iter().enumerate().take(TILE) {
-            x += w * v[j * vs + c];
+            x += w * v[j * vs + c].f32();
         }
         acc_row[c] = x;
     }
@@ -177,15 +259,21 @@ fn grow_max(m: &mut f32, l: &mut f32, mt: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::TILE;
+    use super::{Elem, TILE};
     use crate::vecf32::avx2::exp8;
     use crate::x86::avx2::{hmax_f32, hsum_f32};
     use std::arch::x86_64::*;
 
     /// # Safety
-    /// AVX2 + FMA; shapes as `scores_tile` checks.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
+    /// AVX2 + FMA + F16C; shapes as `scores_tile` checks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores<E: Elem>(
+        q: &[f32],
+        rows: usize,
+        hk: usize,
+        kt: &[E],
+        s: &mut [f32],
+    ) {
         let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), s.as_mut_ptr());
         let mut r = 0;
         // SAFETY: row r + i < rows, d < hk, 16 lanes per kt row: all inside the checked
@@ -194,8 +282,8 @@ mod avx2 {
             while r + 4 <= rows {
                 let mut acc = [[_mm256_setzero_ps(); 2]; 4];
                 for d in 0..hk {
-                    let k0 = _mm256_loadu_ps(kp.add(d * TILE));
-                    let k1 = _mm256_loadu_ps(kp.add(d * TILE + 8));
+                    let k0 = E::load8(kp.add(d * TILE));
+                    let k1 = E::load8(kp.add(d * TILE + 8));
                     for (i, a) in acc.iter_mut().enumerate() {
                         let qb = _mm256_set1_ps(*qp.add((r + i) * hk + d));
                         a[0] = _mm256_fmadd_ps(qb, k0, a[0]);
@@ -212,8 +300,8 @@ mod avx2 {
                 let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 for d in 0..hk {
                     let qb = _mm256_set1_ps(*qp.add(r * hk + d));
-                    a0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(kp.add(d * TILE)), a0);
-                    a1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(kp.add(d * TILE + 8)), a1);
+                    a0 = _mm256_fmadd_ps(qb, E::load8(kp.add(d * TILE)), a0);
+                    a1 = _mm256_fmadd_ps(qb, E::load8(kp.add(d * TILE + 8)), a1);
                 }
                 _mm256_storeu_ps(sp.add(r * TILE), a0);
                 _mm256_storeu_ps(sp.add(r * TILE + 8), a1);
@@ -292,12 +380,12 @@ mod avx2 {
     }
 
     /// # Safety
-    /// AVX2 + FMA; shapes as `pv_tile` checks.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn pv(
+    /// AVX2 + FMA + F16C; shapes as `pv_tile` checks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pv<E: Elem>(
         p: &[f32],
         rows: usize,
-        v: &[f32],
+        v: &[E],
         vs: usize,
         hv: usize,
         acc: &mut [f32],
@@ -318,7 +406,7 @@ mod avx2 {
                         let w = _mm256_set1_ps(*pp.add(r * TILE + j));
                         let vr = vp.add(j * vs + c0);
                         for (u, x) in a.iter_mut().enumerate() {
-                            *x = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr.add(8 * u)), *x);
+                            *x = _mm256_fmadd_ps(w, E::load8(vr.add(8 * u)), *x);
                         }
                     }
                     for (u, x) in a.iter().enumerate() {
@@ -330,7 +418,7 @@ mod avx2 {
                     let mut x = _mm256_loadu_ps(a_row.add(c0));
                     for j in 0..TILE {
                         let w = _mm256_set1_ps(*pp.add(r * TILE + j));
-                        x = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp.add(j * vs + c0)), x);
+                        x = _mm256_fmadd_ps(w, E::load8(vp.add(j * vs + c0)), x);
                     }
                     _mm256_storeu_ps(a_row.add(c0), x);
                     c0 += 8;
@@ -344,7 +432,7 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::TILE;
+    use super::{Elem, TILE};
     use std::arch::x86_64::*;
 
     /// `exp(x)` for 16 lanes: `vecf32::avx2::exp8`'s steps at 512 bits (the same
@@ -408,9 +496,15 @@ mod avx512 {
     }
 
     /// # Safety
-    /// AVX-512F (+ AVX2, FMA); shapes as `scores_tile` checks.
-    #[target_feature(enable = "avx2,fma,avx512f")]
-    pub(super) unsafe fn scores(q: &[f32], rows: usize, hk: usize, kt: &[f32], s: &mut [f32]) {
+    /// AVX-512F (+ AVX2, FMA, F16C); shapes as `scores_tile` checks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn scores<E: Elem>(
+        q: &[f32],
+        rows: usize,
+        hk: usize,
+        kt: &[E],
+        s: &mut [f32],
+    ) {
         let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), s.as_mut_ptr());
         let mut r = 0;
         // SAFETY: row r + i < rows, d < hk, one 16-lane kt row per d: inside the
@@ -419,7 +513,7 @@ mod avx512 {
             while r + 8 <= rows {
                 let mut acc = [_mm512_setzero_ps(); 8];
                 for d in 0..hk {
-                    let k = _mm512_loadu_ps(kp.add(d * TILE));
+                    let k = E::load16(kp.add(d * TILE));
                     for (i, a) in acc.iter_mut().enumerate() {
                         *a = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add((r + i) * hk + d)), k, *a);
                     }
@@ -432,7 +526,7 @@ mod avx512 {
             while r < rows {
                 let mut a = _mm512_setzero_ps();
                 for d in 0..hk {
-                    let k = _mm512_loadu_ps(kp.add(d * TILE));
+                    let k = E::load16(kp.add(d * TILE));
                     a = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(r * hk + d)), k, a);
                 }
                 _mm512_storeu_ps(sp.add(r * TILE), a);
@@ -449,11 +543,11 @@ mod avx512 {
     /// # Safety
     /// AVX-512F; R rows of TILE weights at `p`, TILE rows `vs` apart at `v` with 16U
     /// columns from each, R rows of 16U floats at `acc` (stride `hv`).
-    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     #[inline]
-    unsafe fn pv_block<const R: usize, const U: usize>(
+    unsafe fn pv_block<E: Elem, const R: usize, const U: usize>(
         p: *const f32,
-        v: *const f32,
+        v: *const E,
         (vs, hv): (usize, usize),
         acc: *mut f32,
     ) {
@@ -473,7 +567,7 @@ mod avx512 {
                 for (i, row) in a.iter_mut().enumerate() {
                     let w = _mm512_set1_ps(*p.add(i * TILE + j));
                     for (u, x) in row.iter_mut().enumerate() {
-                        *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * u)), *x);
+                        *x = _mm512_fmadd_ps(w, E::load16(vr.add(16 * u)), *x);
                     }
                 }
             }
@@ -486,12 +580,12 @@ mod avx512 {
     }
 
     /// # Safety
-    /// AVX-512F (+ AVX2, FMA); shapes as `pv_tile` checks.
-    #[target_feature(enable = "avx2,fma,avx512f")]
-    pub(super) unsafe fn pv(
+    /// AVX-512F (+ AVX2, FMA, F16C); shapes as `pv_tile` checks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn pv<E: Elem>(
         p: &[f32],
         rows: usize,
-        v: &[f32],
+        v: &[E],
         vs: usize,
         hv: usize,
         acc: &mut [f32],
@@ -504,7 +598,7 @@ mod avx512 {
             let mut r0 = 0;
             if hv == 64 {
                 while r0 + 2 <= rows {
-                    pv_block::<2, 4>(pp.add(r0 * TILE), vp, (vs, hv), ap.add(r0 * hv));
+                    pv_block::<E, 2, 4>(pp.add(r0 * TILE), vp, (vs, hv), ap.add(r0 * hv));
                     r0 += 2;
                 }
             }
@@ -513,18 +607,18 @@ mod avx512 {
                 let mut c0 = 0;
                 // Whole 128- then 64-column blocks: each weight broadcast once per block.
                 while c0 + 128 <= hv {
-                    pv_block::<1, 8>(pp.add(r * TILE), vp.add(c0), (vs, hv), a_row.add(c0));
+                    pv_block::<E, 1, 8>(pp.add(r * TILE), vp.add(c0), (vs, hv), a_row.add(c0));
                     c0 += 128;
                 }
                 while c0 + 64 <= hv {
-                    pv_block::<1, 4>(pp.add(r * TILE), vp.add(c0), (vs, hv), a_row.add(c0));
+                    pv_block::<E, 1, 4>(pp.add(r * TILE), vp.add(c0), (vs, hv), a_row.add(c0));
                     c0 += 64;
                 }
                 while c0 + 16 <= hv {
                     let mut x = _mm512_loadu_ps(a_row.add(c0));
                     for j in 0..TILE {
                         let w = _mm512_set1_ps(*pp.add(r * TILE + j));
-                        x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vp.add(j * vs + c0)), x);
+                        x = _mm512_fmadd_ps(w, E::load16(vp.add(j * vs + c0)), x);
                     }
                     _mm512_storeu_ps(a_row.add(c0), x);
                     c0 += 16;
@@ -539,6 +633,10 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
 
     #[test]
     fn simd_tiles_match_portable() {
@@ -557,7 +655,7 @@ mod tests {
             let q: Vec<f32> = (0..rows * hk).map(|_| next()).collect();
             let kt: Vec<f32> = (0..hk * TILE).map(|_| next()).collect();
             let (mut s1, mut s2) = (vec![0f32; rows * TILE], vec![0f32; rows * TILE]);
-            scores_tile(&q, rows, hk, &kt, &mut s1);
+            scores_tile(&q, rows, hk, KvRows::F32(&kt), &mut s1);
             scores_portable(&q, rows, hk, &kt, &mut s2);
             for (a, b) in s1.iter().zip(&s2) {
                 assert!(
@@ -565,6 +663,14 @@ mod tests {
                     "scores {rows}x{hk}: {a} vs {b}"
                 );
             }
+            // An f16 tile gives bit for bit what its widened copy gives.
+            let kt16: Vec<f16> = kt.iter().map(|&x| f16::from_f32(x)).collect();
+            let kt16w: Vec<f32> = kt16.iter().map(|x| x.to_f32()).collect();
+            let (mut h1, mut h2) = (vec![0f32; rows * TILE], vec![0f32; rows * TILE]);
+            scores_tile(&q, rows, hk, KvRows::F16(&kt16), &mut h1);
+            scores_tile(&q, rows, hk, KvRows::F32(&kt16w), &mut h2);
+            assert_eq!(bits(&h1), bits(&h2), "f16 scores {rows}x{hk}");
+            assert_ne!(bits(&h1), bits(&s1), "the f16 tile is rounded");
             // Masked positions (zero weights), in some rows only and in all rows.
             let p: Vec<f32> = (0..rows * TILE)
                 .map(|i| {
@@ -581,8 +687,14 @@ mod tests {
                 let v: Vec<f32> = (0..(TILE - 1) * vs + hv).map(|_| next()).collect();
                 let init: Vec<f32> = (0..rows * hv).map(|_| next()).collect();
                 let (mut a1, mut a2) = (init.clone(), init.clone());
-                pv_tile(&p, rows, &v, vs, hv, &mut a1);
+                pv_tile(&p, rows, KvRows::F32(&v), vs, hv, &mut a1);
                 pv_portable(&p, rows, &v, vs, hv, &mut a2);
+                let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                let v16w: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
+                let (mut h1, mut h2) = (init.clone(), init.clone());
+                pv_tile(&p, rows, KvRows::F16(&v16), vs, hv, &mut h1);
+                pv_tile(&p, rows, KvRows::F32(&v16w), vs, hv, &mut h2);
+                assert_eq!(bits(&h1), bits(&h2), "f16 pv {rows}x{hv} (rows {vs} apart)");
                 for (c, (a, b)) in a1.iter().zip(&a2).enumerate() {
                     let (r, c) = (c / hv, c % hv);
                     let plain: f32 = init[r * hv + c]
