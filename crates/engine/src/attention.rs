@@ -18,7 +18,7 @@
 
 use crate::kv::{LayerKv, first_seen as first};
 use llamay_formats::GgmlType;
-use llamay_kernels::attn_tile::{KvRows, TILE, pv_tile, scores_tile, softmax_row};
+use llamay_kernels::attn_tile::{KvRows, Next, TILE, pv_tile, scores_tile, softmax_row};
 use llamay_kernels::{ThreadPool, axpy_f32};
 use std::sync::OnceLock;
 
@@ -65,6 +65,13 @@ pub(crate) const TUNING: Tuning = Tuning {
     block: 16,
     segment: 512,
 };
+
+/// Most query rows of a task whose tiles prefetch the next ones. A decode step reads
+/// its cache once, from DRAM, and prefetching halves the wait (Zen 5, Gemma's global
+/// layer at 4096 positions, cold: 0.54 → 0.37 ms on one thread, 0.31 → 0.23 ms on
+/// two); a prefill block reads each tile for many rows, mostly from cache, where the
+/// prefetches only cost (warm, the same layer: 0.13 → 0.17 ms).
+const PREFETCH_ROWS: usize = 32;
 
 /// Consecutive batch tokens of one sequence at consecutive positions.
 #[derive(Clone, Copy, Debug)]
@@ -400,10 +407,21 @@ fn run_task(
     } else {
         range.start / TILE..range.end.div_ceil(TILE)
     };
-    for tile in tiles {
+    for tile in tiles.clone() {
         let ts = tile * TILE;
         let te = (ts + TILE).min(range.end);
         let n = te - ts;
+        // A few rows (decode, a short draft): the next tile's keys and values (inside
+        // the range, so its page is held), prefetched while this one is computed.
+        let (mut next_k, mut next_v) = (Next::NONE, Next::NONE);
+        if rows <= PREFETCH_ROWS && tile + 1 < tiles.end {
+            if q8.is_none() {
+                next_k = Next::of(kv.key_tile(tile + 1, kvh * hk, hk));
+            }
+            if let Some((v, _)) = kv.value_rows(ts + TILE, kvh * hv) {
+                next_v = Next::of(v);
+            }
+        }
         // A whole tile of an f32 or f16 cache is read where it lies; a partial one is
         // copied with zeros past its end (stale slots of a page may hold anything).
         let (values, vs) = match kv.value_rows(ts, kvh * hv) {
@@ -430,7 +448,8 @@ fn run_task(
                 }
             }
             None => {
-                scores_tile(&qs, rows, hk, kv.key_tile(tile, kvh * hk, hk), &mut s);
+                let keys = kv.key_tile(tile, kvh * hk, hk);
+                scores_tile(&qs, rows, hk, keys, next_k, &mut s);
             }
         }
         for i in 0..block.n {
@@ -449,7 +468,7 @@ fn run_task(
                 }
             }
         }
-        pv_tile(&s, rows, values, vs, hv, &mut acc);
+        pv_tile(&s, rows, (values, vs), hv, next_v, &mut acc);
     }
     Partial { m, l, acc }
 }
@@ -852,14 +871,16 @@ mod tests {
         // LLAMAY_BENCH_COLD=1: 128 MiB are read between repetitions (untimed), so the
         // cache comes from DRAM, as in a decode step after the weights' matmuls.
         let cold = std::env::var("LLAMAY_BENCH_COLD").is_ok_and(|v| v == "1");
-        let mut flush = vec![1u8; if cold { 128 << 20 } else { 0 }];
-        let mut best = |f: &mut dyn FnMut() -> Vec<f32>, reps: usize| {
+        let flush: Vec<u8> = (0..if cold { 128usize << 20 } else { 0 })
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        let best = |f: &mut dyn FnMut() -> Vec<f32>, reps: usize| {
             (0..reps)
                 .map(|_| {
-                    for line in flush.chunks_mut(64) {
-                        line[0] = line[0].wrapping_add(1);
-                    }
-                    std::hint::black_box(&flush);
+                    // Read, not written: a decode step's weights leave clean lines, and
+                    // dirty ones would add their write-backs to the timed reads.
+                    let sum = flush.chunks(64).fold(0u8, |a, l| a.wrapping_add(l[0]));
+                    std::hint::black_box(sum);
                     let t = std::time::Instant::now();
                     std::hint::black_box(f());
                     t.elapsed().as_secs_f64() * 1e3

@@ -6,6 +6,12 @@
 //! would. A portable reference and AVX2+FMA / AVX-512 versions behind the one dispatch
 //! point; they agree within f32 rounding (the order of the additions over `d` is the
 //! same, FMA vs mul+add aside).
+//!
+//! Each product can be told where the next tile lies ([`Next`]): the SIMD versions then
+//! ask for it a line at a time, spread over their loops, so the cache streams in from
+//! memory while the FMAs run. A decode step reads its cache once, from DRAM; without
+//! this the loads waited on each 4 KiB page's misses before the hardware prefetcher
+//! caught up (Zen 5, Gemma's global layer at 4096 positions, one thread: 0.59 → 0.37 ms).
 
 use half::f16;
 
@@ -28,36 +34,100 @@ impl KvRows<'_> {
     }
 }
 
+/// Where the next tile's keys or values start (laid out as this tile's), for the
+/// products to prefetch. Only an address: nothing is read through it, and a prefetch
+/// cannot fault, so a stale or absent one costs nothing but the prefetches.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Next(usize);
+
+impl Next {
+    pub const NONE: Next = Next(0);
+
+    pub fn of(rows: KvRows<'_>) -> Next {
+        Next(match rows {
+            KvRows::F32(x) => x.as_ptr() as usize,
+            KvRows::F16(x) => x.as_ptr() as usize,
+        })
+    }
+
+    /// The same tile from its element `e` of `E` on (none stays none).
+    fn skip<E>(self, e: usize) -> Next {
+        if self.0 == 0 {
+            self
+        } else {
+            Next(self.0.wrapping_add(e * size_of::<E>()))
+        }
+    }
+
+    /// Asks for the line holding byte `at` of the next tile (into L1).
+    #[inline(always)]
+    fn fetch(self, at: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.0 != 0 {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            // SAFETY: `prefetcht0` reads nothing architecturally and cannot fault,
+            // whatever the address; SSE is part of x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.0.wrapping_add(at) as *const i8) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (self, at);
+    }
+
+    /// Asks for the lines of `n` elements of `E` from element `at`.
+    #[inline(always)]
+    fn fetch_elems<E>(self, at: usize, n: usize) {
+        let (b, e) = (at * size_of::<E>(), (at + n) * size_of::<E>());
+        for x in (b..e).step_by(64) {
+            self.fetch(x);
+        }
+    }
+}
+
 /// `s[r][j] = Σ_d q[r][d] · kt[d][j]` for `r < rows`, `j < TILE`; `q` is `rows × hk`,
-/// `kt` is `hk × TILE`, `s` is `rows × TILE`.
-pub fn scores_tile(q: &[f32], rows: usize, hk: usize, kt: KvRows<'_>, s: &mut [f32]) {
+/// `kt` is `hk × TILE`, `s` is `rows × TILE`; `next`: the next key tile's.
+pub fn scores_tile(q: &[f32], rows: usize, hk: usize, kt: KvRows<'_>, next: Next, s: &mut [f32]) {
     let ok = q.len() >= rows * hk && kt.len() >= hk * TILE && s.len() >= rows * TILE;
     if !ok {
         debug_assert!(false, "scores_tile: shapes do not match");
         return;
     }
     match kt {
-        KvRows::F32(kt) => scores_dispatch(q, rows, hk, kt, s),
-        KvRows::F16(kt) => scores_dispatch(q, rows, hk, kt, s),
+        KvRows::F32(kt) => scores_dispatch(q, (rows, hk), kt, next, s),
+        KvRows::F16(kt) => scores_dispatch(q, (rows, hk), kt, next, s),
     }
 }
 
-fn scores_dispatch<E: Elem>(q: &[f32], rows: usize, hk: usize, kt: &[E], s: &mut [f32]) {
+fn scores_dispatch<E: Elem>(
+    q: &[f32],
+    (rows, hk): (usize, usize),
+    kt: &[E],
+    next: Next,
+    s: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     match simd() {
         // SAFETY: `scores_tile` checked the lengths; the dispatch reports Avx512Vnni only
         // when the CPU has avx512f (and AVX2+FMA+F16C), Avx2 only with AVX2+FMA+F16C.
-        Some(true) => return unsafe { avx512::scores(q, rows, hk, kt, s) },
-        Some(false) => return unsafe { avx2::scores(q, rows, hk, kt, s) },
+        Some(true) => return unsafe { avx512::scores(q, rows, hk, kt, next, s) },
+        Some(false) => return unsafe { avx2::scores(q, rows, hk, kt, next, s) },
         None => {}
     }
+    let _ = next;
     scores_portable(q, rows, hk, kt, s)
 }
 
 /// `acc[r][c] += Σ_j p[r][j] · v[j][c]` for `r < rows`, `c < hv`; `p` is `rows × TILE`,
 /// `v` is `TILE` rows of `hv` values, `vs` apart (`vs >= hv`: a cache page's rows are
-/// read where they lie), `acc` is `rows × hv`.
-pub fn pv_tile(p: &[f32], rows: usize, v: KvRows<'_>, vs: usize, hv: usize, acc: &mut [f32]) {
+/// read where they lie), `acc` is `rows × hv`; `next`: the next value tile's (`vs`
+/// apart too).
+pub fn pv_tile(
+    p: &[f32],
+    rows: usize,
+    (v, vs): (KvRows<'_>, usize),
+    hv: usize,
+    next: Next,
+    acc: &mut [f32],
+) {
     let ok = p.len() >= rows * TILE
         && vs >= hv
         && v.len() >= (TILE - 1) * vs + hv
@@ -67,19 +137,27 @@ pub fn pv_tile(p: &[f32], rows: usize, v: KvRows<'_>, vs: usize, hv: usize, acc:
         return;
     }
     match v {
-        KvRows::F32(v) => pv_dispatch(p, rows, v, vs, hv, acc),
-        KvRows::F16(v) => pv_dispatch(p, rows, v, vs, hv, acc),
+        KvRows::F32(v) => pv_dispatch(p, rows, (v, vs), hv, next, acc),
+        KvRows::F16(v) => pv_dispatch(p, rows, (v, vs), hv, next, acc),
     }
 }
 
-fn pv_dispatch<E: Elem>(p: &[f32], rows: usize, v: &[E], vs: usize, hv: usize, acc: &mut [f32]) {
+fn pv_dispatch<E: Elem>(
+    p: &[f32],
+    rows: usize,
+    (v, vs): (&[E], usize),
+    hv: usize,
+    next: Next,
+    acc: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     match simd() {
         // SAFETY: as in `scores_dispatch` (`pv_tile` checked the lengths).
-        Some(true) => return unsafe { avx512::pv(p, rows, v, vs, hv, acc) },
-        Some(false) => return unsafe { avx2::pv(p, rows, v, vs, hv, acc) },
+        Some(true) => return unsafe { avx512::pv(p, rows, (v, vs), hv, next, acc) },
+        Some(false) => return unsafe { avx2::pv(p, rows, (v, vs), hv, next, acc) },
         None => {}
     }
+    let _ = next;
     pv_portable(p, rows, v, vs, hv, acc)
 }
 
@@ -259,7 +337,7 @@ fn grow_max(m: &mut f32, l: &mut f32, mt: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Elem, TILE};
+    use super::{Elem, Next, TILE};
     use crate::vecf32::avx2::exp8;
     use crate::x86::avx2::{hmax_f32, hsum_f32};
     use std::arch::x86_64::*;
@@ -272,6 +350,7 @@ mod avx2 {
         rows: usize,
         hk: usize,
         kt: &[E],
+        next: Next,
         s: &mut [f32],
     ) {
         let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), s.as_mut_ptr());
@@ -282,6 +361,9 @@ mod avx2 {
             while r + 4 <= rows {
                 let mut acc = [[_mm256_setzero_ps(); 2]; 4];
                 for d in 0..hk {
+                    if r == 0 {
+                        next.fetch_elems::<E>(d * TILE, TILE);
+                    }
                     let k0 = E::load8(kp.add(d * TILE));
                     let k1 = E::load8(kp.add(d * TILE + 8));
                     for (i, a) in acc.iter_mut().enumerate() {
@@ -299,6 +381,9 @@ mod avx2 {
             while r < rows {
                 let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 for d in 0..hk {
+                    if r == 0 {
+                        next.fetch_elems::<E>(d * TILE, TILE);
+                    }
                     let qb = _mm256_set1_ps(*qp.add(r * hk + d));
                     a0 = _mm256_fmadd_ps(qb, E::load8(kp.add(d * TILE)), a0);
                     a1 = _mm256_fmadd_ps(qb, E::load8(kp.add(d * TILE + 8)), a1);
@@ -385,9 +470,9 @@ mod avx2 {
     pub(super) unsafe fn pv<E: Elem>(
         p: &[f32],
         rows: usize,
-        v: &[E],
-        vs: usize,
+        (v, vs): (&[E], usize),
         hv: usize,
+        next: Next,
         acc: &mut [f32],
     ) {
         let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
@@ -403,6 +488,9 @@ mod avx2 {
                         *x = _mm256_loadu_ps(a_row.add(c0 + 8 * u));
                     }
                     for j in 0..TILE {
+                        if r == 0 {
+                            next.fetch_elems::<E>(j * vs + c0, 64);
+                        }
                         let w = _mm256_set1_ps(*pp.add(r * TILE + j));
                         let vr = vp.add(j * vs + c0);
                         for (u, x) in a.iter_mut().enumerate() {
@@ -417,6 +505,9 @@ mod avx2 {
                 while c0 + 8 <= hv {
                     let mut x = _mm256_loadu_ps(a_row.add(c0));
                     for j in 0..TILE {
+                        if r == 0 {
+                            next.fetch_elems::<E>(j * vs + c0, 8);
+                        }
                         let w = _mm256_set1_ps(*pp.add(r * TILE + j));
                         x = _mm256_fmadd_ps(w, E::load8(vp.add(j * vs + c0)), x);
                     }
@@ -432,7 +523,7 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Elem, TILE};
+    use super::{Elem, Next, TILE};
     use std::arch::x86_64::*;
 
     /// `exp(x)` for 16 lanes: `vecf32::avx2::exp8`'s steps at 512 bits (the same
@@ -503,34 +594,55 @@ mod avx512 {
         rows: usize,
         hk: usize,
         kt: &[E],
+        mut next: Next,
         s: &mut [f32],
     ) {
         let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), s.as_mut_ptr());
         let mut r = 0;
-        // SAFETY: row r + i < rows, d < hk, one 16-lane kt row per d: inside the
-        // checked lengths.
+        // SAFETY: rows r..r + R < rows, d < hk, one 16-lane kt row per d: inside the
+        // checked lengths. Only the first block asks for the next tile.
         unsafe {
             while r + 8 <= rows {
-                let mut acc = [_mm512_setzero_ps(); 8];
-                for d in 0..hk {
-                    let k = E::load16(kp.add(d * TILE));
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add((r + i) * hk + d)), k, *a);
-                    }
-                }
-                for (i, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(sp.add((r + i) * TILE), *a);
-                }
-                r += 8;
+                scores_rows::<E, 8>(qp.add(r * hk), (kp, hk), sp.add(r * TILE), next);
+                (r, next) = (r + 8, Next::NONE);
+            }
+            // A GQA group of four (decode): four FMA chains, not one at a time.
+            while r + 4 <= rows {
+                scores_rows::<E, 4>(qp.add(r * hk), (kp, hk), sp.add(r * TILE), next);
+                (r, next) = (r + 4, Next::NONE);
             }
             while r < rows {
-                let mut a = _mm512_setzero_ps();
-                for d in 0..hk {
-                    let k = E::load16(kp.add(d * TILE));
-                    a = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(r * hk + d)), k, a);
+                scores_rows::<E, 1>(qp.add(r * hk), (kp, hk), sp.add(r * TILE), next);
+                (r, next) = (r + 1, Next::NONE);
+            }
+        }
+    }
+
+    /// `scores` for R rows from `q` (each `hk` long) into R score rows at `s`: one
+    /// accumulator per row, the sum over `d` in order.
+    ///
+    /// # Safety
+    /// AVX-512F; R rows of `hk` at `q`, `hk` rows of TILE at `kt`, R rows of TILE at `s`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    #[inline]
+    unsafe fn scores_rows<E: Elem, const R: usize>(
+        q: *const f32,
+        (kt, hk): (*const E, usize),
+        s: *mut f32,
+        next: Next,
+    ) {
+        // SAFETY: the caller's.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); R];
+            for d in 0..hk {
+                next.fetch_elems::<E>(d * TILE, TILE);
+                let k = E::load16(kt.add(d * TILE));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(i * hk + d)), k, *a);
                 }
-                _mm512_storeu_ps(sp.add(r * TILE), a);
-                r += 1;
+            }
+            for (i, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(s.add(i * TILE), *a);
             }
         }
     }
@@ -547,7 +659,7 @@ mod avx512 {
     #[inline]
     unsafe fn pv_block<E: Elem, const R: usize, const U: usize>(
         p: *const f32,
-        v: *const E,
+        (v, next): (*const E, Next),
         (vs, hv): (usize, usize),
         acc: *mut f32,
     ) {
@@ -560,6 +672,7 @@ mod avx512 {
                 }
             }
             for j in 0..TILE {
+                next.fetch_elems::<E>(j * vs, 16 * U);
                 if (0..R).all(|i| *p.add(i * TILE + j) == 0.0) {
                     continue;
                 }
@@ -585,12 +698,20 @@ mod avx512 {
     pub(super) unsafe fn pv<E: Elem>(
         p: &[f32],
         rows: usize,
-        v: &[E],
-        vs: usize,
+        (v, vs): (&[E], usize),
         hv: usize,
+        next: Next,
         acc: &mut [f32],
     ) {
         let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+        // The first rows' pass asks for the next tile, column block by block.
+        let ahead = |r: usize, c0: usize| {
+            if r == 0 {
+                next.skip::<E>(c0)
+            } else {
+                Next::NONE
+            }
+        };
         // SAFETY: r < rows, j < TILE, c + 16 <= hv (scalar tail below): inside the
         // checked lengths.
         unsafe {
@@ -598,7 +719,8 @@ mod avx512 {
             let mut r0 = 0;
             if hv == 64 {
                 while r0 + 2 <= rows {
-                    pv_block::<E, 2, 4>(pp.add(r0 * TILE), vp, (vs, hv), ap.add(r0 * hv));
+                    let src = (vp, ahead(r0, 0));
+                    pv_block::<E, 2, 4>(pp.add(r0 * TILE), src, (vs, hv), ap.add(r0 * hv));
                     r0 += 2;
                 }
             }
@@ -607,16 +729,19 @@ mod avx512 {
                 let mut c0 = 0;
                 // Whole 128- then 64-column blocks: each weight broadcast once per block.
                 while c0 + 128 <= hv {
-                    pv_block::<E, 1, 8>(pp.add(r * TILE), vp.add(c0), (vs, hv), a_row.add(c0));
+                    let src = (vp.add(c0), ahead(r, c0));
+                    pv_block::<E, 1, 8>(pp.add(r * TILE), src, (vs, hv), a_row.add(c0));
                     c0 += 128;
                 }
                 while c0 + 64 <= hv {
-                    pv_block::<E, 1, 4>(pp.add(r * TILE), vp.add(c0), (vs, hv), a_row.add(c0));
+                    let src = (vp.add(c0), ahead(r, c0));
+                    pv_block::<E, 1, 4>(pp.add(r * TILE), src, (vs, hv), a_row.add(c0));
                     c0 += 64;
                 }
                 while c0 + 16 <= hv {
                     let mut x = _mm512_loadu_ps(a_row.add(c0));
                     for j in 0..TILE {
+                        ahead(r, c0).fetch_elems::<E>(j * vs, 16);
                         let w = _mm512_set1_ps(*pp.add(r * TILE + j));
                         x = _mm512_fmadd_ps(w, E::load16(vp.add(j * vs + c0)), x);
                     }
@@ -655,7 +780,16 @@ mod tests {
             let q: Vec<f32> = (0..rows * hk).map(|_| next()).collect();
             let kt: Vec<f32> = (0..hk * TILE).map(|_| next()).collect();
             let (mut s1, mut s2) = (vec![0f32; rows * TILE], vec![0f32; rows * TILE]);
-            scores_tile(&q, rows, hk, KvRows::F32(&kt), &mut s1);
+            // The next tile's address (here a copy) only moves prefetches.
+            let ahead = kt.clone();
+            scores_tile(
+                &q,
+                rows,
+                hk,
+                KvRows::F32(&kt),
+                Next::of(KvRows::F32(&ahead)),
+                &mut s1,
+            );
             scores_portable(&q, rows, hk, &kt, &mut s2);
             for (a, b) in s1.iter().zip(&s2) {
                 assert!(
@@ -667,8 +801,15 @@ mod tests {
             let kt16: Vec<f16> = kt.iter().map(|&x| f16::from_f32(x)).collect();
             let kt16w: Vec<f32> = kt16.iter().map(|x| x.to_f32()).collect();
             let (mut h1, mut h2) = (vec![0f32; rows * TILE], vec![0f32; rows * TILE]);
-            scores_tile(&q, rows, hk, KvRows::F16(&kt16), &mut h1);
-            scores_tile(&q, rows, hk, KvRows::F32(&kt16w), &mut h2);
+            scores_tile(
+                &q,
+                rows,
+                hk,
+                KvRows::F16(&kt16),
+                Next::of(KvRows::F16(&kt16)),
+                &mut h1,
+            );
+            scores_tile(&q, rows, hk, KvRows::F32(&kt16w), Next::NONE, &mut h2);
             assert_eq!(bits(&h1), bits(&h2), "f16 scores {rows}x{hk}");
             assert_ne!(bits(&h1), bits(&s1), "the f16 tile is rounded");
             // Masked positions (zero weights), in some rows only and in all rows.
@@ -687,13 +828,15 @@ mod tests {
                 let v: Vec<f32> = (0..(TILE - 1) * vs + hv).map(|_| next()).collect();
                 let init: Vec<f32> = (0..rows * hv).map(|_| next()).collect();
                 let (mut a1, mut a2) = (init.clone(), init.clone());
-                pv_tile(&p, rows, KvRows::F32(&v), vs, hv, &mut a1);
+                let ahead = Next::of(KvRows::F32(&v[1..]));
+                pv_tile(&p, rows, (KvRows::F32(&v), vs), hv, ahead, &mut a1);
                 pv_portable(&p, rows, &v, vs, hv, &mut a2);
                 let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
                 let v16w: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
                 let (mut h1, mut h2) = (init.clone(), init.clone());
-                pv_tile(&p, rows, KvRows::F16(&v16), vs, hv, &mut h1);
-                pv_tile(&p, rows, KvRows::F32(&v16w), vs, hv, &mut h2);
+                let ahead = Next::of(KvRows::F16(&v16));
+                pv_tile(&p, rows, (KvRows::F16(&v16), vs), hv, ahead, &mut h1);
+                pv_tile(&p, rows, (KvRows::F32(&v16w), vs), hv, Next::NONE, &mut h2);
                 assert_eq!(bits(&h1), bits(&h2), "f16 pv {rows}x{hv} (rows {vs} apart)");
                 for (c, (a, b)) in a1.iter().zip(&a2).enumerate() {
                     let (r, c) = (c / hv, c % hv);
