@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{fixture, llamay, temp_file};
+use common::{TempPath, fixture, llamay, temp_file};
 use serde_json::{Value, json};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
@@ -67,7 +67,7 @@ fn transcript(path: &std::path::Path) -> Value {
 fn each_turn_prefills_only_what_the_cache_lacks() {
     let m = fixture("qwen2-Q4_0.gguf");
     let m = m.to_str().unwrap();
-    let save = std::env::temp_dir().join(format!("llamay-chat-{}.sav", std::process::id()));
+    let save = TempPath::new("chat.sav");
     let o = chat(
         m,
         &format!("Hi\nNext?\nThen?\n/save {}\n", save.display()),
@@ -145,7 +145,7 @@ fn the_answer_itself_is_reused_on_gemma() {
 fn save_and_load_continue_the_conversation_exactly() {
     let m = fixture("llama-Q8_0.gguf");
     let m = m.to_str().unwrap();
-    let save = std::env::temp_dir().join(format!("llamay-chat-cont-{}.sav", std::process::id()));
+    let save = TempPath::new("chat-cont.sav");
     let whole = chat(m, "one\ntwo\nthree\n", &[]);
     let first = chat(m, &format!("one\ntwo\n/save {}\n", save.display()), &[]);
     let second = chat(m, &format!("/load {}\nthree\n", save.display()), &[]);

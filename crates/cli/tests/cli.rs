@@ -3,6 +3,7 @@
 
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufWriter, Value};
+use llamay_synth::TempPath;
 use serde_json::Value as Json;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -34,10 +35,8 @@ fn assert_error(o: &Output, needle: &str) {
     assert!(err.contains(needle), "expected '{needle}' in: {err}");
 }
 
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("llamay-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+fn temp(name: &str) -> TempPath {
+    TempPath::new(&format!("cli-{name}"))
 }
 
 /// A small model file: F32 matrices and a norm, with whatever architecture is given.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{fixture, llamay, ok_stdout, with_template};
+use common::{TempPath, fixture, llamay, ok_stdout, with_template};
 use std::process::Output;
 
 fn assert_error(o: &Output, needle: &str) {
@@ -191,12 +191,10 @@ fn verify_contract() {
 #[test]
 fn perplexity_contract() {
     let m = fixture("llama-Q4_K.gguf");
-    let text = std::env::temp_dir().join(format!("llamay-ppl-{}.txt", std::process::id()));
-    std::fs::write(
-        &text,
+    let text = TempPath::file(
+        "ppl.txt",
         "the quick brown fox jumps over the lazy dog. ".repeat(40),
-    )
-    .unwrap();
+    );
     let o = llamay(&[
         "perplexity",
         m.to_str().unwrap(),
@@ -240,8 +238,7 @@ fn perplexity_contract() {
 fn prompt_file_drops_one_trailing_newline() {
     let m = fixture("llama-Q8_0.gguf");
     let m = m.to_str().unwrap();
-    let dir = std::env::temp_dir().join(format!("llamay-run-f-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempPath::dir("run-f");
     let run = |extra: &[&str]| {
         let mut args = vec!["run", m, "-n", "6", "--temp", "0", "--raw"];
         args.extend_from_slice(extra);

@@ -11,9 +11,10 @@ use llamay_engine::{
 };
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufFile, GgufWriter, MappedModel, Value};
+use llamay_synth::TempPath;
 use serde_json::Value as Json;
 use std::borrow::Cow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn doc() -> Json {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch-fixtures.json");
@@ -162,12 +163,12 @@ type Kvs = Vec<(String, Value<'static>)>;
 type Tensors = Vec<(String, GgmlType, Vec<u64>, Vec<u8>)>;
 
 /// Rewrites the llama F32 fixture with `edit` applied to its metadata and tensors.
-fn rewritten(name: &str, edit: impl Fn(&mut Kvs, &mut Tensors)) -> PathBuf {
+fn rewritten(name: &str, edit: impl Fn(&mut Kvs, &mut Tensors)) -> TempPath {
     rewritten_from("llama-F32.gguf", name, edit)
 }
 
 /// Rewrites fixture `src` with `edit` applied to its metadata and tensors.
-fn rewritten_from(src: &str, name: &str, edit: impl Fn(&mut Kvs, &mut Tensors)) -> PathBuf {
+fn rewritten_from(src: &str, name: &str, edit: impl Fn(&mut Kvs, &mut Tensors)) -> TempPath {
     let bytes = std::fs::read(fixture(src)).unwrap();
     let f = GgufFile::parse(&bytes).unwrap();
     let mut kvs: Vec<(String, Value<'static>)> = f
@@ -188,7 +189,7 @@ fn rewritten_from(src: &str, name: &str, edit: impl Fn(&mut Kvs, &mut Tensors)) 
     for (n, ty, shape, _) in &tensors {
         w.add_tensor(n, *ty, shape).unwrap();
     }
-    let out = std::env::temp_dir().join(format!("llamay-gate-{}-{name}", std::process::id()));
+    let out = TempPath::new(&format!("gate-{name}"));
     let mut file = std::fs::File::create(&out).unwrap();
     w.write(&mut file, |i| Ok(Cow::Owned(tensors[i].3.clone())))
         .unwrap();

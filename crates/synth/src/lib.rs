@@ -12,8 +12,10 @@
 
 mod hostile;
 pub mod reference;
+mod scratch;
 
 pub use hostile::{HostileModel, Outcome, exercise, hostile};
+pub use scratch::TempPath;
 
 use llamay_engine::arch::{
     ArchSpec, Experts, FfnKind, MoeSpec, NormKind, Output, ParallelNorms, QkNorm, QkvLayout,

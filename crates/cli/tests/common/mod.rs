@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use llamay_gguf::{GgufFile, GgufWriter, Value};
+pub use llamay_synth::TempPath;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -38,7 +39,7 @@ pub fn ok_stdout(o: &Output) -> String {
 
 /// A copy of `src` with `template` as its `tokenizer.chat_template`, in the temp dir
 /// under a name with `tag` (tests running in parallel use different tags).
-pub fn with_template(src: &Path, tag: &str, template: &str) -> PathBuf {
+pub fn with_template(src: &Path, tag: &str, template: &str) -> TempPath {
     let bytes = std::fs::read(src).unwrap();
     let f = GgufFile::parse(&bytes).unwrap();
     let mut w = GgufWriter::new();
@@ -52,17 +53,14 @@ pub fn with_template(src: &Path, tag: &str, template: &str) -> PathBuf {
     for t in &f.tensors {
         w.add_tensor(t.name, t.ty, &t.shape).unwrap();
     }
-    let out =
-        std::env::temp_dir().join(format!("llamay-template-{tag}-{}.gguf", std::process::id()));
+    let out = TempPath::new(&format!("template-{tag}.gguf"));
     let mut file = std::fs::File::create(&out).unwrap();
     w.write(&mut file, |i| Ok(Cow::Borrowed(f.tensors[i].data)))
         .unwrap();
     out
 }
 
-/// A file in the temp dir holding `text`.
-pub fn temp_file(name: &str, text: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("llamay-{}-{name}", std::process::id()));
-    std::fs::write(&p, text).unwrap();
-    p
+/// A file in the temp dir holding `text`, removed when the guard drops.
+pub fn temp_file(name: &str, text: &str) -> TempPath {
+    TempPath::file(name, text)
 }
