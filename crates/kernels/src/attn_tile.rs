@@ -38,8 +38,16 @@ impl KvRows<'_> {
 /// products to prefetch. Only an address: nothing is read through it, and a prefetch
 /// cannot fault, so a stale or absent one costs nothing but the prefetches.
 #[derive(Clone, Copy, Debug, Default)]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, reason = "only the x86 tile products prefetch")
+)]
 pub struct Next(usize);
 
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, reason = "only the x86 tile products prefetch")
+)]
 impl Next {
     pub const NONE: Next = Next(0);
 
