@@ -787,17 +787,15 @@ mod tests {
         ] {
             let q: Vec<f32> = (0..rows * hk).map(|_| next()).collect();
             let kt: Vec<f32> = (0..hk * TILE).map(|_| next()).collect();
-            let (mut s1, mut s2) = (vec![0f32; rows * TILE], vec![0f32; rows * TILE]);
+            let scores = |kt: KvRows<'_>, next: Next| {
+                let mut s = vec![0f32; rows * TILE];
+                scores_tile(&q, rows, hk, kt, next, &mut s);
+                s
+            };
             // The next tile's address (here a copy) only moves prefetches.
             let ahead = kt.clone();
-            scores_tile(
-                &q,
-                rows,
-                hk,
-                KvRows::F32(&kt),
-                Next::of(KvRows::F32(&ahead)),
-                &mut s1,
-            );
+            let s1 = scores(KvRows::F32(&kt), Next::of(KvRows::F32(&ahead)));
+            let mut s2 = vec![0f32; rows * TILE];
             scores_portable(&q, rows, hk, &kt, &mut s2);
             for (a, b) in s1.iter().zip(&s2) {
                 assert!(
@@ -808,16 +806,8 @@ mod tests {
             // An f16 tile gives bit for bit what its widened copy gives.
             let kt16: Vec<f16> = kt.iter().map(|&x| f16::from_f32(x)).collect();
             let kt16w: Vec<f32> = kt16.iter().map(|x| x.to_f32()).collect();
-            let (mut h1, mut h2) = (vec![0f32; rows * TILE], vec![0f32; rows * TILE]);
-            scores_tile(
-                &q,
-                rows,
-                hk,
-                KvRows::F16(&kt16),
-                Next::of(KvRows::F16(&kt16)),
-                &mut h1,
-            );
-            scores_tile(&q, rows, hk, KvRows::F32(&kt16w), Next::NONE, &mut h2);
+            let h1 = scores(KvRows::F16(&kt16), Next::of(KvRows::F16(&kt16)));
+            let h2 = scores(KvRows::F32(&kt16w), Next::NONE);
             assert_eq!(bits(&h1), bits(&h2), "f16 scores {rows}x{hk}");
             assert_ne!(bits(&h1), bits(&s1), "the f16 tile is rounded");
             // Masked positions (zero weights), in some rows only and in all rows.
