@@ -80,8 +80,24 @@ impl Reference {
         Self::parse_name(s)
     }
 
-    /// Parses a reference without looking at the file system.
+    /// Parses a reference without looking at the file system. Its canonical form (every
+    /// default spelled out, what the store and the APIs show) is held to the same length
+    /// limit, so whatever parses here parses again from what it prints.
     pub fn parse_name(s: &str) -> Result<Self, RefError> {
+        let r = Self::parse_as_written(s)?;
+        let canonical = r.to_string().len();
+        if canonical > MAX_LEN {
+            return Err(RefError {
+                reference: s.chars().take(200).collect(),
+                what: format!(
+                    "{canonical} bytes with its defaults spelled out, longer than {MAX_LEN}"
+                ),
+            });
+        }
+        Ok(r)
+    }
+
+    fn parse_as_written(s: &str) -> Result<Self, RefError> {
         let err = |what: String| RefError {
             reference: s.chars().take(200).collect(),
             what,
@@ -376,6 +392,24 @@ mod tests {
             let e = Reference::parse_name(s).unwrap_err().to_string();
             assert!(e.contains(want), "{s}: {e}");
         }
+    }
+
+    #[test]
+    fn the_length_limit_holds_for_the_canonical_form() {
+        // The fuzzer's find: a short form near the limit whose canonical form is over it
+        // parsed, and then its own canonical form did not.
+        let near = "a".repeat(MAX_LEN - 10);
+        let e = Reference::parse_name(&near).unwrap_err().to_string();
+        assert!(e.contains("defaults spelled out"), "{e}");
+        let fits = "a".repeat(MAX_LEN - "registry.ollama.ai/library/:latest".len());
+        let r = Reference::parse_name(&fits).unwrap();
+        assert_eq!(r.to_string().len(), MAX_LEN);
+        assert_eq!(Reference::parse_name(&r.to_string()).unwrap(), r);
+        let hf = format!("hf.co/o/{}", "r".repeat(MAX_LEN - 12));
+        assert!(
+            Reference::parse_name(&hf).is_err(),
+            "':Q4_K_M' takes it over"
+        );
     }
 
     #[test]
