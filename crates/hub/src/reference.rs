@@ -172,7 +172,12 @@ impl Reference {
             });
         }
         for prefix in ["hf.co/", "huggingface.co/"] {
-            if let Some(rest) = s.strip_prefix(prefix) {
+            // Host names ignore case: "HF.CO/o/r" is this repository too, not a registry
+            // reference whose canonical (lower-cased) host would then read as one.
+            let rest = (s.get(..prefix.len()))
+                .filter(|p| p.eq_ignore_ascii_case(prefix))
+                .map(|_| &s[prefix.len()..]);
+            if let Some(rest) = rest {
                 let (path, quant) = match rest.split_once(':') {
                     Some((p, q)) => (p, q),
                     None => (rest, DEFAULT_QUANT),
@@ -351,6 +356,14 @@ mod tests {
             Reference::Url("https://example.com/m.gguf".into())
         );
         assert_eq!(
+            p("HF.co/o/r"),
+            Reference::HfRepo {
+                owner: "o".into(),
+                repo: "r".into(),
+                quant: "Q4_K_M".into()
+            }
+        );
+        assert_eq!(
             p("gemma3").to_string(),
             "registry.ollama.ai/library/gemma3:latest"
         );
@@ -427,10 +440,10 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Never a panic; a parsed registry reference re-parses from its canonical form.
+        /// Never a panic; a parsed reference re-parses from its canonical form as itself.
         #[test]
         fn parse_never_panics_and_round_trips(s in "\\PC{0,60}") {
-            if let Ok(r @ Reference::Registry { .. }) = Reference::parse_name(&s) {
+            if let Ok(r) = Reference::parse_name(&s) {
                 proptest::prop_assert_eq!(Reference::parse_name(&r.to_string()).unwrap(), r);
             }
         }
