@@ -71,6 +71,9 @@ pub struct PackedMatrix {
     group_bytes: usize,
     /// Where each section (`sections`, in order) starts in a group, in bytes.
     sec: [usize; 6],
+    /// One-token tiles run on the AVX-VNNI kernels (`one_token_at_256`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    one_token_vnni: bool,
     lines: LineBuf,
 }
 
@@ -154,6 +157,14 @@ impl PackedMatrix {
     /// The packed bytes, group after group: the order a one-token matmul streams them.
     pub fn bytes(&self) -> &[u8] {
         self.lines.as_slice()
+    }
+
+    /// The same matrix with its one-token tiles on its own set's kernels even where
+    /// `one_token_at_256` would take the AVX-VNNI ones: tests compare both paths.
+    #[doc(hidden)]
+    pub fn with_own_one_token_kernels(mut self) -> Self {
+        self.one_token_vnni = false;
+        self
     }
 
     fn blocks_per_row(&self) -> usize {
@@ -279,6 +290,7 @@ fn pack_for<'w>(
         cols,
         group_bytes,
         sec: offs,
+        one_token_vnni: one_token_at_256(set, ty),
         lines,
     })
 }
@@ -809,6 +821,22 @@ fn tile_tokens(set: KernelSet) -> usize {
     }
 }
 
+/// Whether the AVX-512 sets run one-token tiles of `ty` through the AVX-VNNI kernels
+/// (`packed256`; the same layout), on a CPU that has AVX-VNNI. For the K-quants they
+/// stream faster than the 512-bit pass: AMD Zen 5, one thread from DRAM, four
+/// alternating rounds, Q6_K 27.5–28.7 → 31.8–35.4 GiB/s and Q4_K 31.1–33.0 → 34.7–42.3;
+/// two threads +4–6%. Their pass takes each line as two 8-row halves with a sub-block
+/// pair's sums in four independent chains, where the 512-bit pass has one chain a sub-
+/// block. Not taken: a 512-bit pair pass (two chains; slower than either), and the same
+/// 256-bit body EVEX-encoded for AVX-512 CPUs without AVX-VNNI (compiled with the
+/// AVX-512 features it ran Q4_K at 27 GiB/s, below the 512-bit pass). Q8_0's passes were
+/// level: the legacy formats keep the 512-bit one.
+fn one_token_at_256(set: KernelSet, ty: GgmlType) -> bool {
+    matches!(set, KernelSet::Avx512Vnni | KernelSet::Avx512Amx)
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+        && KernelSet::AvxVnni.is_available()
+}
+
 /// Computes tokens `t..t+m` (m ≤ the set's tile) against group `g`.
 ///
 /// # Safety
@@ -846,13 +874,18 @@ unsafe fn run_tile(
         tiles16_block: prep.tiles16.len() * 64 / nb,
     };
     let tile_args = tile_at(t);
-    // SAFETY: forwarded from the caller; the kernels of `p.set`, which this CPU runs.
+    // SAFETY: forwarded from the caller; the kernels of `p.set`, which this CPU runs, or
+    // (`one_token_vnni`) the AVX-VNNI ones, which `one_token_at_256` found it runs.
     unsafe {
         match p.set {
             #[cfg(target_arch = "x86_64")]
             KernelSet::Avx2 => crate::x86::packed256::avx2::tile(p.ty, m, &tile_args),
             #[cfg(target_arch = "x86_64")]
             KernelSet::AvxVnni => crate::x86::packed256::vnni::tile(p.ty, m, &tile_args),
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::Avx512Vnni | KernelSet::Avx512Amx if m == 1 && p.one_token_vnni => {
+                crate::x86::packed256::vnni::tile(p.ty, m, &tile_args)
+            }
             #[cfg(target_arch = "x86_64")]
             KernelSet::Avx512Vnni => crate::x86::packed512::tile(p.ty, m, &tile_args),
             #[cfg(target_arch = "x86_64")]

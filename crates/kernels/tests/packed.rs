@@ -80,6 +80,12 @@ fn packed_matmul_equals_portable() {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
                 assert_packed_equals_portable(set, &p, &w, &x, n, &pool);
             }
+            // The AVX-512 sets' own one-token pass, where one-token K-quant tiles would
+            // take the AVX-VNNI kernels on this CPU.
+            let own =
+                pack_with(set, ty, &w, rows, cols, &pool).map(|p| p.with_own_one_token_kernels());
+            let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 4.0).collect();
+            assert_packed_equals_portable(set, &own.unwrap(), &w, &x, 1, &pool);
         }
     }
 }
@@ -144,14 +150,27 @@ fn packed_matmul_equals_portable_at_extremes() {
             let Some(p) = pack_with(set, ty, &w, rows, cols, &pool) else {
                 continue;
             };
-            // 9 tokens: register tiles only; 32: two AMX tiles where the CPU has them.
-            for (sign, n) in [(1.0f32, 9), (-1.0, 9), (1.0, 32), (-1.0, 32)] {
+            let own =
+                pack_with(set, ty, &w, rows, cols, &pool).map(|p| p.with_own_one_token_kernels());
+            // 1 token: the one-token passes (both, see `packed_matmul_equals_portable`);
+            // 9: register tiles only; 32: two AMX tiles where the CPU has them.
+            for (sign, n) in [
+                (1.0f32, 1),
+                (-1.0, 1),
+                (1.0, 9),
+                (-1.0, 9),
+                (1.0, 32),
+                (-1.0, 32),
+            ] {
                 let x: Vec<f32> = (0..n * cols)
                     // Full scale, one smaller value per 32 so that the sums are odd
                     // (even ones would survive a rounding to 2 ulp unchanged).
                     .map(|i| sign * if i % 32 == 5 { 0.9 } else { 1.0 })
                     .collect();
                 assert_packed_equals_portable(set, &p, &w, &x, n, &pool);
+                if n == 1 {
+                    assert_packed_equals_portable(set, own.as_ref().unwrap(), &w, &x, n, &pool);
+                }
             }
         }
     }
