@@ -830,7 +830,8 @@ fn tile_tokens(set: KernelSet) -> usize {
 /// block. Not taken: a 512-bit pair pass (two chains; slower than either), and the same
 /// 256-bit body EVEX-encoded for AVX-512 CPUs without AVX-VNNI (compiled with the
 /// AVX-512 features it ran Q4_K at 27 GiB/s, below the 512-bit pass). Q8_0's passes were
-/// level: the legacy formats keep the 512-bit one.
+/// level: the legacy formats keep the 512-bit one. Q5_K shares Q4_K's pair body (not
+/// measured on its own).
 fn one_token_at_256(set: KernelSet, ty: GgmlType) -> bool {
     matches!(set, KernelSet::Avx512Vnni | KernelSet::Avx512Amx)
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
