@@ -69,8 +69,8 @@ pub(crate) const TUNING: Tuning = Tuning {
 /// Most query rows of a task whose tiles prefetch the next ones. A decode step reads
 /// its cache once, from DRAM, and prefetching shortens the wait (Zen 5, Gemma's global
 /// layer at 4096 positions, cold: 0.54–0.59 → 0.36–0.38 ms on one thread, 0.31–0.40 →
-/// 0.26–0.31 ms on two); a prefill block reads each tile for many rows, mostly from cache, where the
-/// prefetches only cost (warm, the same layer: 0.13 → 0.17 ms).
+/// 0.26–0.31 ms on two); a prefill block reads each tile for many rows, mostly from
+/// cache, where the prefetches only cost (warm, the same layer: 0.13 → 0.17 ms).
 const PREFETCH_ROWS: usize = 32;
 
 /// Consecutive batch tokens of one sequence at consecutive positions.
