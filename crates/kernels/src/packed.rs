@@ -36,7 +36,7 @@ pub const GROUP_ROWS: usize = 16;
 pub(crate) struct Line(pub(crate) [u8; 64]);
 
 /// The sections of one block of a group, in bytes, in storage order.
-pub(crate) fn sections(ty: GgmlType) -> Option<&'static [usize]> {
+pub(crate) const fn sections(ty: GgmlType) -> Option<&'static [usize]> {
     Some(match ty {
         // quants ([k][row][4] u8 = q + 128), d (16 × f16)
         GgmlType::Q8_0 => &[512, 32],
@@ -57,6 +57,20 @@ pub(crate) fn sections(ty: GgmlType) -> Option<&'static [usize]> {
         GgmlType::Q6_K => &[2048, 1024, 256, 32],
         _ => return None,
     })
+}
+
+/// Bytes of one block over all its sections (`sections` summed; 0 for a type that is
+/// not packed).
+pub(crate) const fn block_bytes(ty: GgmlType) -> usize {
+    let Some(secs) = sections(ty) else {
+        return 0;
+    };
+    let (mut sum, mut i) = (0, 0);
+    while i < secs.len() {
+        sum += secs[i];
+        i += 1;
+    }
+    sum
 }
 
 /// A weight matrix in the packed layout (rows a multiple of 16).

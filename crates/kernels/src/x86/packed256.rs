@@ -17,7 +17,7 @@
 //! An entry may only be called when `dispatch` found its set's features (avx2, fma,
 //! f16c, and avxvnni for `vnni`), which `packed::packable_with` guarantees.
 
-use crate::packed::{MXFP4_UNSIGNED, Tile};
+use crate::packed::{MXFP4_UNSIGNED, Tile, block_bytes};
 use core::arch::x86_64::*;
 use llamay_formats::GgmlType;
 
@@ -253,8 +253,8 @@ unsafe fn load_half(p: *const u8, h: usize) -> __m256i {
 /// the out-of-order window alone keeps too few lines in flight: it holds the dozen
 /// instructions each line costs for only ~20 lines (Zen 3, Gemma's 262144 × 640 Q8_0
 /// matrix, 2 threads: 9.9 → 13.5 GiB/s, one thread 5.5 → 7.8, at 16–64 KiB alike;
-/// the 1B shape's Q6_K output 7.6 → 10.0, a 72 MiB Q4_K matrix 9.6 → 11.0). Streams
-/// of fewer bytes per weight (high bits) are asked for proportionally nearer.
+/// the 1B shape's Q6_K output 7.6 → 10.0, a 72 MiB Q4_K matrix 9.6 → 11.0). Since
+/// 2026-12-05 this far past the next group (`prefetch_linear`).
 pub(crate) const PREFETCH: usize = 16 << 10;
 
 /// Prefetches the line `dist` bytes after `p` (the address may lie past the group or
@@ -266,43 +266,38 @@ pub(crate) fn prefetch_ahead(p: *const u8, dist: usize) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(dist) as *const i8) }
 }
 
-/// Prefetches the line `dist` bytes after offset `off` of a section that starts at
-/// `start` in the group and holds `len` bytes of it; from past the section's end, the
-/// same place in the next group's section. A one-token pass reads every section of a
-/// group at once (a block's quants beside its scales), so each section's stream must be
-/// asked for the same time ahead: a plain `dist` past the quants lands in the group's
-/// own other sections, which are then asked for late (their first blocks after they
-/// are read) and the next group's early.
+/// A one-token pass's prefetches at step `k` of the `K` it takes over block `b`: the
+/// group's bytes read as one stream at the pass's pace (`PB` bytes a block, the sum of
+/// its sections; `PB / K` a step), one group and `PREFETCH` bytes ahead, so the
+/// prefetches run in address order whatever order the pass reads its group in.
+///
+/// Why: the pass reads every section of a group at once (a block's quants beside its
+/// high bits and scales). Asking for each section's line the same distance ahead made
+/// the prefetches jump between sections as the reads do, and on AMD Zen 5 a read stream
+/// of that shape (a C loop with the Q6_K pass's order and no arithmetic) ran 15–20%
+/// below a plain one, one thread or two; prefetching it linearly one group ahead
+/// brought it level.
 #[inline(always)]
-pub(crate) fn prefetch_section(p: &Tile, start: usize, len: usize, off: usize, dist: usize) {
-    let o = off + dist.min(len);
-    let at = if o < len {
-        start + o
-    } else {
-        start + o - len + p.group_bytes
-    };
-    prefetch_ahead(p.w.wrapping_add(at), 0);
+pub(crate) fn prefetch_linear<const PB: usize, const K: usize>(p: &Tile, b: usize, k: usize) {
+    // A step covers 34 to 105 bytes: the line at its start, and the next when a step
+    // covers more than one (a line asked for twice costs an instruction). Straight-line
+    // on purpose: a loop over the step's line starts ran the passes up to 40% slower.
+    const { assert!(PB / K <= 128, "a step must cover at most two lines") };
+    let at = p.group_bytes + PREFETCH + b * PB + k * (PB / K);
+    prefetch_ahead(p.w, at);
+    if PB / K > 64 {
+        prefetch_ahead(p.w, at + 64);
+    }
 }
 
-/// A one-token pass's prefetch for quad `k` of block `b` of the 32-blocks (`legacy`):
-/// each quants line once (Q8_0's eight, the others' four), Q5_0's fifth bits and the
-/// scales once a block (`prefetch_section`).
+/// A one-token pass's prefetch for quad `k` of block `b` of the 32-blocks (`legacy`).
 #[inline(always)]
 pub(crate) fn prefetch_legacy<const F: u8>(p: &Tile, b: usize, k: usize) {
-    let nb = p.nb;
-    let quants = if F == Q8_0 { 512 } else { 256 };
-    if F == Q8_0 || k < 4 {
-        prefetch_section(p, 0, nb * quants, b * quants + k * 64, PREFETCH);
-    } else if F == Q5_0 && k == 4 {
-        prefetch_section(p, p.sec[1], nb * 64, b * 64, PREFETCH / 4);
-    }
-    if k == 5 {
-        let (sec, bytes) = match F {
-            Q5_0 => (p.sec[2], 32),
-            MXFP4 => (p.sec[1], 16),
-            _ => (p.sec[1], 32),
-        };
-        prefetch_section(p, sec, nb * bytes, b * bytes, PREFETCH * bytes / quants);
+    match F {
+        Q8_0 => prefetch_linear::<{ block_bytes(GgmlType::Q8_0) }, 8>(p, b, k),
+        Q4_0 => prefetch_linear::<{ block_bytes(GgmlType::Q4_0) }, 8>(p, b, k),
+        Q5_0 => prefetch_linear::<{ block_bytes(GgmlType::Q5_0) }, 8>(p, b, k),
+        _ /* MXFP4 */ => prefetch_linear::<{ block_bytes(GgmlType::MXFP4) }, 8>(p, b, k),
     }
 }
 
@@ -536,31 +531,14 @@ unsafe fn k45_block_end<D: Dot, const T: usize, const Q5: bool>(
     }
 }
 
-/// A one-token Q4_K/Q5_K pass's prefetches at line `kk` of pair `jp` of block `b`: the
-/// nibble line, and once per block each line of the other sections (`prefetch_section`,
-/// at distances in proportion to their bytes per block).
+/// A one-token Q4_K/Q5_K pass's prefetches at line `kk` of pair `jp` of block `b`
+/// (`prefetch_linear`).
 #[inline(always)]
 pub(crate) fn k45_prefetch<const Q5: bool>(p: &Tile, b: usize, jp: usize, kk: usize) {
-    let [hi_sec, sc_sec, mn_sec, d_sec, dmin_sec] = k45_sections::<Q5>(p);
-    let nb = p.nb;
-    prefetch_section(p, 0, nb * 2048, b * 2048 + (jp * 8 + kk) * 64, PREFETCH);
-    match kk {
-        0 if Q5 => {
-            for j in [2 * jp, 2 * jp + 1] {
-                prefetch_section(p, hi_sec, nb * 512, b * 512 + 64 * j, PREFETCH / 4);
-            }
-        }
-        // Scales and mins: 128 bytes (two lines) a block.
-        2 if jp.is_multiple_of(2) => {
-            let off = b * 128 + 32 * jp;
-            prefetch_section(p, sc_sec, nb * 128, off, PREFETCH / 16);
-            prefetch_section(p, mn_sec, nb * 128, off, PREFETCH / 16);
-        }
-        2 if jp == 1 => {
-            prefetch_section(p, d_sec, nb * 32, b * 32, PREFETCH / 64);
-            prefetch_section(p, dmin_sec, nb * 32, b * 32, PREFETCH / 64);
-        }
-        _ => {}
+    if Q5 {
+        prefetch_linear::<{ block_bytes(GgmlType::Q5_K) }, 32>(p, b, jp * 8 + kk);
+    } else {
+        prefetch_linear::<{ block_bytes(GgmlType::Q4_K) }, 32>(p, b, jp * 8 + kk);
     }
 }
 
@@ -665,23 +643,10 @@ unsafe fn q6_k_pairs<D: Dot, const T: usize, const HS: usize>(p: &Tile, h0: usiz
 }
 
 /// A one-token Q6_K pass's prefetches at quad `qq` of pair `s0` (< 8) of block `b`
-/// (`upper`: s0 ≥ 4): the low line, the high line (each serves two pairs: asked for by
-/// the first), and once per block each line of the scales and d (see `k45_prefetch`).
+/// (`prefetch_linear`).
 #[inline(always)]
-pub(crate) fn q6_k_prefetch(p: &Tile, b: usize, s0: usize, qq: usize, upper: bool) {
-    let [_, hi_sec, sc_sec, d_sec, ..] = p.sec;
-    let (nb, q) = (p.nb, 4 * s0 + qq);
-    prefetch_section(p, 0, nb * 2048, b * 2048 + q * 64, PREFETCH);
-    if !upper {
-        prefetch_section(p, hi_sec, nb * 1024, b * 1024 + q * 64, PREFETCH / 2);
-        // Scales: 256 bytes (four lines) a block, one asked for by each lower pair.
-        if qq == 1 {
-            prefetch_section(p, sc_sec, nb * 256, b * 256 + 64 * s0, PREFETCH / 8);
-        }
-        if qq == 2 && s0 == 0 {
-            prefetch_section(p, d_sec, nb * 32, b * 32, PREFETCH / 64);
-        }
-    }
+pub(crate) fn q6_k_prefetch(p: &Tile, b: usize, s0: usize, qq: usize) {
+    prefetch_linear::<{ block_bytes(GgmlType::Q6_K) }, 32>(p, b, 4 * s0 + qq);
 }
 
 /// Sub-blocks (s0, s0 + 8) of block `b` of a Q6_K tile (`q6_k_pairs`), halves
@@ -717,7 +682,7 @@ unsafe fn q6_k_pair<D: Dot, const T: usize, const HS: usize, const UPPER: bool>(
             let q = 4 * s0 + qq;
             let (lo_line, hi_line) = (b * 2048 + q * 64, hi_sec + b * 1024 + (q % 16) * 64);
             if T == 1 && h0 == 0 {
-                q6_k_prefetch(p, b, s0, qq, UPPER);
+                q6_k_prefetch(p, b, s0, qq);
             }
             for hh in 0..HS {
                 let h = h0 + hh;

@@ -473,7 +473,7 @@ unsafe fn q6_k_sub<const T: usize, const M: usize>(
             if T == 1 && M < 2 {
                 // Quarters 0 and 1 read each low-nibble line first, quarter 0 each
                 // high-bit line.
-                q6_k_prefetch(p, b, s, qq, M == 1);
+                q6_k_prefetch(p, b, s, qq);
             }
             let w = q6_k_quad::<M>(p, b, q);
             for (t, acc) in iacc.iter_mut().enumerate() {
