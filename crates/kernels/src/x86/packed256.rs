@@ -282,7 +282,12 @@ pub(crate) fn prefetch_linear<const PB: usize, const K: usize>(p: &Tile, b: usiz
     // A step covers 34 to 105 bytes: the line at its start, and the next when a step
     // covers more than one (a line asked for twice costs an instruction). Straight-line
     // on purpose: a loop over the step's line starts ran the passes up to 40% slower.
-    const { assert!(PB / K <= 128, "a step must cover at most two lines") };
+    const {
+        assert!(
+            PB.is_multiple_of(K) && PB / K <= 128,
+            "a step covers whole bytes, at most two lines"
+        )
+    };
     let at = p.group_bytes + PREFETCH + b * PB + k * (PB / K);
     prefetch_ahead(p.w, at);
     if PB / K > 64 {
