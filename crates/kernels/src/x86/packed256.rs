@@ -249,12 +249,12 @@ unsafe fn load_half(p: *const u8, h: usize) -> __m256i {
     unsafe { _mm256_loadu_si256(p.add(32 * h) as *const __m256i) }
 }
 
-/// How far ahead of its reads a one-token pass asks for its weight lines. From DRAM
-/// the out-of-order window alone keeps too few lines in flight: it holds the dozen
-/// instructions each line costs for only ~20 lines (Zen 3, Gemma's 262144 × 640 Q8_0
-/// matrix, 2 threads: 9.9 → 13.5 GiB/s, one thread 5.5 → 7.8, at 16–64 KiB alike;
-/// the 1B shape's Q6_K output 7.6 → 10.0, a 72 MiB Q4_K matrix 9.6 → 11.0). Since
-/// 2026-12-05 this far past the next group (`prefetch_linear`).
+/// How far past the next group a one-token pass asks for its weight lines
+/// (`prefetch_linear`). From DRAM the out-of-order window alone keeps too few lines in
+/// flight: it holds the dozen instructions each line costs for only ~20 lines (Zen 3,
+/// Gemma's 262144 × 640 Q8_0 matrix, 2 threads: 9.9 → 13.5 GiB/s, one thread 5.5 →
+/// 7.8, at 16–64 KiB alike; the 1B shape's Q6_K output 7.6 → 10.0, a 72 MiB Q4_K
+/// matrix 9.6 → 11.0).
 pub(crate) const PREFETCH: usize = 16 << 10;
 
 /// Prefetches the line `dist` bytes after `p` (the address may lie past the group or
@@ -281,7 +281,7 @@ pub(crate) fn prefetch_ahead(p: *const u8, dist: usize) {
 pub(crate) fn prefetch_linear<const PB: usize, const K: usize>(p: &Tile, b: usize, k: usize) {
     // A step covers 34 to 105 bytes: the line at its start, and the next when a step
     // covers more than one (a line asked for twice costs an instruction). Straight-line
-    // on purpose: a loop over the step's line starts ran the passes up to 40% slower.
+    // on purpose: a loop over the step's line starts ran the passes 20–45% slower.
     const {
         assert!(
             PB.is_multiple_of(K) && PB / K <= 128,

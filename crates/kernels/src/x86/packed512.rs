@@ -471,8 +471,8 @@ unsafe fn q6_k_sub<const T: usize, const M: usize>(
         for qq in 0..4 {
             let q = 4 * s + qq;
             if T == 1 && M < 2 {
-                // Quarters 0 and 1 read each low-nibble line first, quarter 0 each
-                // high-bit line.
+                // Quarters 0 and 1 (sub-blocks 0..8) take steps 4s + qq = 0..32 of
+                // `prefetch_linear` once each; quarters 2 and 3 reread their lines.
                 q6_k_prefetch(p, b, s, qq);
             }
             let w = q6_k_quad::<M>(p, b, q);
