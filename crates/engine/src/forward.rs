@@ -114,7 +114,8 @@ fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize, pool: &ThreadPool) 
 }
 
 /// `outs[i] = W_i x + b_i` for projections that read the same input `x`: it is
-/// quantised once per dot type (into `act`), not once per projection.
+/// quantised once per dot type (into `act`), not once per projection, and a run of
+/// packed projections of one dot type is one pool region (`matmul_packed_many`).
 pub(crate) fn linears(
     ls: &[&Linear<'_>],
     x: &[f32],
@@ -126,15 +127,33 @@ pub(crate) fn linears(
     if let Some((addr, len)) = ls.last().and_then(|l| l.then) {
         pool.prefetch_while_idle(addr, len);
     }
-    let mut quantised = None;
-    for (l, out) in ls.iter().zip(outs.iter_mut()) {
-        let ty = l.w.ty.vec_dot_type();
-        if quantised != Some(ty) {
-            llamay_kernels::quantize_rows_into(ty, x, l.w.cols, pool, act);
-            quantised = Some(ty);
+    let (mut i, mut outs) = (0, &mut outs[..]);
+    while i < ls.len() {
+        let ty = ls[i].w.ty.vec_dot_type();
+        let run = ls[i..]
+            .iter()
+            .take_while(|l| l.w.ty.vec_dot_type() == ty)
+            .count();
+        llamay_kernels::quantize_rows_into(ty, x, ls[i].w.cols, pool, act);
+        let (run_outs, rest) = std::mem::take(&mut outs).split_at_mut(run);
+        let run_ls = &ls[i..i + run];
+        if run_ls.iter().all(|l| l.packed.is_some()) {
+            let mut jobs: Vec<_> = (run_ls.iter().zip(run_outs.iter_mut()))
+                .filter_map(|(l, out)| {
+                    out.resize(act.n * l.w.rows, 0.0);
+                    Some((l.packed.as_ref()?, &mut out[..]))
+                })
+                .collect();
+            llamay_kernels::matmul_packed_many(&mut jobs, act, pool);
+        } else {
+            for (l, out) in run_ls.iter().zip(run_outs.iter_mut()) {
+                matmul_quantized(&l.w, l.packed.as_ref(), act, out, pool);
+            }
         }
-        matmul_quantized(&l.w, l.packed.as_ref(), act, out, pool);
-        add_bias(out, l.b.as_ref(), l.w.rows);
+        for (l, out) in run_ls.iter().zip(run_outs.iter_mut()) {
+            add_bias(out, l.b.as_ref(), l.w.rows);
+        }
+        (i, outs) = (i + run, rest);
     }
 }
 

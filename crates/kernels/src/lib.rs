@@ -25,8 +25,8 @@ mod vecf32;
 mod x86;
 
 pub use packed::{
-    GROUP_ROWS, PackedMatrix, matmul_packed, pack, pack_releasing, pack_with, packable,
-    packable_with,
+    GROUP_ROWS, PackedMatrix, matmul_packed, matmul_packed_many, pack, pack_releasing, pack_with,
+    packable, packable_with,
 };
 pub use pool::ThreadPool;
 pub use vecf32::{axpy_f32, dequantize_q8_0, dot_f32, silu, swiglu, widen_f16};
@@ -465,6 +465,9 @@ pub fn matmul_with(
     };
     if n_tasks == 1 || threads == 1 {
         (0..n_tasks).for_each(task);
+    } else if n == 1 {
+        // One token: each thread streams its own consecutive rows.
+        pool.run_contiguous(n_tasks, task);
     } else {
         pool.run(n_tasks, task);
     }

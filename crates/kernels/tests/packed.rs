@@ -90,6 +90,49 @@ fn packed_matmul_equals_portable() {
     }
 }
 
+/// Several matrices by the same activations in one region (`matmul_packed_many`, a
+/// layer's q, k and v) give each matrix's own product, bit for bit: of one type and of
+/// two (Q4_K and Q6_K read the same Q8_K rows), of different heights, at one token and
+/// at several.
+#[test]
+fn packed_matmuls_in_one_region_equal_each_alone() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(0x51);
+    let cols = 512;
+    for set in packed_sets() {
+        let mats: Vec<(Vec<u8>, PackedMatrix)> = [(Q4_K, 160), (Q6_K, 32), (Q4_K, 48)]
+            .into_iter()
+            .map(|(ty, rows)| {
+                let w = random_weights(ty, rows, cols, &mut rng);
+                let p = pack_with(set, ty, &w, rows, cols, &pool).expect("K-quants pack");
+                (w, p)
+            })
+            .collect();
+        for n in [1usize, 3, 17] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32() * 4.0).collect();
+            let a = quantize_rows(Q4_K.vec_dot_type(), &x, cols, &pool);
+            let mut outs: Vec<Vec<f32>> = mats
+                .iter()
+                .map(|(_, p)| vec![f32::NAN; n * p.rows()])
+                .collect();
+            let mut jobs: Vec<(&PackedMatrix, &mut [f32])> = (mats.iter())
+                .zip(outs.iter_mut())
+                .map(|((_, p), o)| (p, &mut o[..]))
+                .collect();
+            matmul_packed_many(&mut jobs, &a, &pool);
+            for ((_, p), got) in mats.iter().zip(&outs) {
+                let mut alone = vec![f32::NAN; n * p.rows()];
+                matmul_packed(p, &a, &mut alone, &pool);
+                let same = got
+                    .iter()
+                    .zip(&alone)
+                    .all(|(g, e)| g.to_bits() == e.to_bits());
+                assert!(same, "{set:?} {} rows {} n {n}", p.ty(), p.rows());
+            }
+        }
+    }
+}
+
 /// Quantises `x` (n rows) and asserts the packed product equals the portable one, bit
 /// for bit.
 fn assert_packed_equals_portable(

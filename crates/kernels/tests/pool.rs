@@ -1,5 +1,6 @@
 //! The thread pool: every task exactly once, under contention and from several
-//! callers; a panicking task is re-raised on the caller and the pool keeps working.
+//! callers, in shared-counter and in contiguous regions; a panicking task is re-raised
+//! on the caller and the pool keeps working.
 
 use llamay_kernels::ThreadPool;
 use std::sync::Arc;
@@ -23,6 +24,93 @@ fn every_task_runs_exactly_once() {
             }
         }
     }
+}
+
+/// `run_contiguous` as `run`: every task once, whatever the thread count, and the two
+/// kinds of region alternate on one pool.
+#[test]
+fn contiguous_regions_run_every_task_exactly_once() {
+    for threads in [1, 2, 3, 8] {
+        let pool = ThreadPool::new(threads);
+        for n in [0usize, 1, 2, 3, 7, 100, 5000] {
+            for round in 0..20 {
+                let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                let count = |i: usize| {
+                    hits[i].fetch_add(1, Relaxed);
+                };
+                if round % 2 == 0 {
+                    pool.run_contiguous(n, count);
+                } else {
+                    pool.run(n, count);
+                }
+                assert!(
+                    hits.iter().all(|h| h.load(Relaxed) == 1),
+                    "threads={threads} n={n} round={round}"
+                );
+            }
+        }
+    }
+}
+
+/// Each thread takes its own run in order, and a thread held up in its first task has
+/// the rest of its run taken from the back by the others instead of finishing it late.
+#[test]
+fn contiguous_runs_go_in_order_and_a_slow_thread_is_stolen_from() {
+    let pool = ThreadPool::new(2);
+    let n = 16;
+    let ran: std::sync::Mutex<Vec<(std::thread::ThreadId, usize)>> = Default::default();
+    let caller = std::thread::current().id();
+    pool.run_contiguous(n, |i| {
+        if i == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        ran.lock().unwrap().push((std::thread::current().id(), i));
+    });
+    let ran = ran.into_inner().unwrap();
+    assert_eq!(ran.len(), n);
+    // The caller's run is 0..8: it is held up in task 0, so the worker, done with
+    // 8..16, steals from 7 down.
+    let by_caller: Vec<usize> = ran.iter().filter(|r| r.0 == caller).map(|r| r.1).collect();
+    let by_worker: Vec<usize> = ran.iter().filter(|r| r.0 != caller).map(|r| r.1).collect();
+    if !by_caller.contains(&0) {
+        // The caller was descheduled before it claimed its first task and the worker ran
+        // everything: possible on a loaded machine, and nothing left to check.
+        assert_eq!(by_worker.len(), n);
+        return;
+    }
+    assert!(
+        by_worker.starts_with(&(8..16).collect::<Vec<_>>()),
+        "the worker's own run first, in order: {by_worker:?}"
+    );
+    assert!(
+        by_worker.len() > 8 && by_worker[8] == 7,
+        "the worker stole the caller's tasks from the back: {by_worker:?}"
+    );
+    assert!(
+        by_worker[8..].windows(2).all(|w| w[0] > w[1]),
+        "{by_worker:?}"
+    );
+}
+
+#[test]
+fn a_panic_in_a_contiguous_region_is_reraised_and_the_pool_survives() {
+    let pool = ThreadPool::new(3);
+    let done = AtomicUsize::new(0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.run_contiguous(90, |i| {
+            if i == 45 {
+                panic!("task {i} fails");
+            }
+            done.fetch_add(1, Relaxed);
+        })
+    }));
+    assert!(r.is_err());
+    assert_eq!(done.load(Relaxed), 89, "the other tasks still ran");
+    let hits = AtomicUsize::new(0);
+    pool.run_contiguous(1000, |_| {
+        hits.fetch_add(1, Relaxed);
+    });
+    assert_eq!(hits.load(Relaxed), 1000);
 }
 
 #[test]
