@@ -797,14 +797,19 @@ pub fn matmul_packed_many(
                 preps.len() - 1
             }
         };
-        plans.push(Plan::new(
-            p,
-            prep,
-            a.n,
-            SyncPtr(out.as_mut_ptr()),
-            pool.n_threads(),
-        ));
+        plans.push((*p, prep, SyncPtr(out.as_mut_ptr())));
     }
+    // One token: tasks of about equal bytes over the region's matrices, so that the
+    // threads' runs (`run_contiguous`) split its bytes evenly.
+    let threads = pool.n_threads();
+    let total: usize = plans
+        .iter()
+        .map(|(p, ..)| p.rows / GROUP_ROWS * p.group_bytes)
+        .sum();
+    let task_bytes = (total / (threads * 8)).max(1);
+    let plans: Vec<Plan> = (plans.into_iter())
+        .map(|(p, prep, out)| Plan::new(p, prep, a.n, out, threads, task_bytes))
+        .collect();
     // Task `i` of the region is task `i - first[j]` of plan `j`.
     let mut first = Vec::with_capacity(plans.len());
     let mut n_tasks = 0;
@@ -843,10 +848,18 @@ struct Plan<'a> {
 }
 
 impl<'a> Plan<'a> {
-    fn new(p: &'a PackedMatrix, prep: usize, n: usize, out: SyncPtr<f32>, threads: usize) -> Self {
+    /// `task_bytes`: the weight bytes a one-token task reads (about).
+    fn new(
+        p: &'a PackedMatrix,
+        prep: usize,
+        n: usize,
+        out: SyncPtr<f32>,
+        threads: usize,
+        task_bytes: usize,
+    ) -> Self {
         let groups = p.rows / GROUP_ROWS;
         let (gchunk, tchunk) = if n == 1 {
-            ((groups / (threads * 8)).clamp(1, 64), 1)
+            ((task_bytes / p.group_bytes).clamp(1, 64), 1)
         } else {
             let tchunk = TOKEN_CHUNK.max(tile_tokens(p.set)).min(n);
             let tcs = n.div_ceil(tchunk);
