@@ -175,8 +175,8 @@ impl ThreadPool {
     /// consecutive memory (a one-token matmul's rows): each thread then reads one
     /// stream, and its prefetches ahead land in the next task it runs itself. Claimed
     /// from one shared counter, the threads' tasks interleave and every task starts a
-    /// stream cold: a Llama-1B-shaped decode step read 7–10% slower that way (AMD Zen
-    /// 5, two threads, in-process A/B).
+    /// stream cold: a Llama-1B-shaped decode step ran 5–18% slower that way (AMD Zen 5,
+    /// two threads, four in-process A/B runs). Tasks of about equal cost split best.
     pub fn run_contiguous(&self, n_tasks: usize, f: impl Fn(usize) + Sync) {
         let contiguous = u32::try_from(n_tasks).is_ok();
         self.region(n_tasks, contiguous, &f);
