@@ -137,11 +137,12 @@ pub(crate) fn linears(
         llamay_kernels::quantize_rows_into(ty, x, ls[i].w.cols, pool, act);
         let (run_outs, rest) = std::mem::take(&mut outs).split_at_mut(run);
         let run_ls = &ls[i..i + run];
-        if run_ls.iter().all(|l| l.packed.is_some()) {
-            let mut jobs: Vec<_> = (run_ls.iter().zip(run_outs.iter_mut()))
-                .filter_map(|(l, out)| {
-                    out.resize(act.n * l.w.rows, 0.0);
-                    Some((l.packed.as_ref()?, &mut out[..]))
+        let packed: Option<Vec<_>> = run_ls.iter().map(|l| l.packed.as_ref()).collect();
+        if let Some(packed) = packed {
+            let mut jobs: Vec<_> = (packed.into_iter().zip(run_outs.iter_mut()))
+                .map(|(p, out)| {
+                    out.resize(act.n * p.rows(), 0.0);
+                    (p, &mut out[..])
                 })
                 .collect();
             llamay_kernels::matmul_packed_many(&mut jobs, act, pool);
