@@ -1,0 +1,72 @@
+#version 450
+// out[t][r] = W[r] · A[t] for a weight format paired with Q8_0 activations (Q8_0,
+// Q4_0, Q5_0; the format is chosen at compile time: -DW_Q8_0, -DW_Q4_0, -DW_Q5_0).
+// W stays in the file's block layout. Per block the integer sum is exact; the blocks
+// are folded in order, acc += (dw * da) * sumi without contraction, as llamay's
+// portable kernel folds them: one invocation per (row, token) gives the CPU's bits.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
+#if defined(W_Q8_0)
+#define BLOCK_BYTES 34u
+#elif defined(W_Q4_0)
+#define BLOCK_BYTES 18u
+#elif defined(W_Q5_0)
+#define BLOCK_BYTES 22u
+#else
+#error "a weight format: -DW_Q8_0, -DW_Q4_0 or -DW_Q5_0"
+#endif
+
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer W { uint w[]; };
+layout(std430, binding = 1) readonly buffer AD { float ad[]; };
+layout(std430, binding = 2) readonly buffer AQ { uint aq[]; };
+layout(std430, binding = 3) writeonly buffer O { float o[]; };
+layout(push_constant) uniform P {
+    uint rows;
+    uint cols;
+    uint n;
+    uint w_offset; // bytes
+    uint o_offset; // floats
+} p;
+
+// The signed integer weight of element j of the block at byte offset `blk`.
+int weight(uint blk, uint j) {
+#if defined(W_Q8_0)
+    return int(BYTE_AT(w, blk + 2u + j) << 24) >> 24;
+#elif defined(W_Q4_0)
+    uint q = BYTE_AT(w, blk + 2u + (j & 15u));
+    return int(j < 16u ? (q & 15u) : (q >> 4)) - 8;
+#else
+    uint qh = U32_AT(w, blk + 2u);
+    uint q = BYTE_AT(w, blk + 6u + (j & 15u));
+    uint lo = j < 16u ? (q & 15u) : (q >> 4);
+    return int(lo | (((qh >> j) & 1u) << 4)) - 16;
+#endif
+}
+
+void main() {
+    uint r = gl_GlobalInvocationID.x;
+    uint t = gl_GlobalInvocationID.y;
+    if (r >= p.rows || t >= p.n) {
+        return;
+    }
+    uint nb = p.cols / 32u;
+    precise float acc = 0.0;
+    for (uint b = 0u; b < nb; b++) {
+        uint blk = p.w_offset + (r * nb + b) * BLOCK_BYTES;
+        uint ab = t * nb + b;
+        int sumi = 0;
+        for (uint k = 0u; k < 8u; k++) {
+            uint a4 = aq[ab * 8u + k];
+            for (uint j = 0u; j < 4u; j++) {
+                int a = int(a4 << (24u - 8u * j)) >> 24;
+                sumi += weight(blk, 4u * k + j) * a;
+            }
+        }
+        precise float scale = f16_to_f32(U16_AT(w, blk)) * ad[ab];
+        precise float prod = scale * float(sumi);
+        acc = acc + prod;
+    }
+    o[p.o_offset + t * p.rows + r] = acc;
+}

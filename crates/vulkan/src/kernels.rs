@@ -1,0 +1,59 @@
+//! The compute kernels: one row per SPIR-V module (`scripts/build-shaders` has the
+//! same rows), each with the storage buffers it binds and the words of its push
+//! constants.
+
+/// A compute kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// f32 rows to Q8_0 as ggml-cpu quantises them (`quantize_q8_0.comp`).
+    QuantizeQ8_0,
+    /// A Q8_0 weight times Q8_0 activations (`matmul_q8.comp -DW_Q8_0`).
+    MatmulQ8_0,
+    /// Q4_0 weights.
+    MatmulQ4_0,
+    /// Q5_0 weights.
+    MatmulQ5_0,
+}
+
+pub(crate) struct KernelSpec {
+    pub spirv: &'static [u8],
+    /// Storage buffers at bindings 0..buffers.
+    pub buffers: u32,
+    /// 32-bit words of push constants.
+    pub push_words: u32,
+    /// `local_size_x` in the source.
+    pub local_size: u32,
+}
+
+pub(crate) const ALL: [Kernel; 4] = [
+    Kernel::QuantizeQ8_0,
+    Kernel::MatmulQ8_0,
+    Kernel::MatmulQ4_0,
+    Kernel::MatmulQ5_0,
+];
+
+impl Kernel {
+    pub(crate) fn index(self) -> usize {
+        ALL.iter().position(|&k| k == self).unwrap_or(0)
+    }
+
+    pub(crate) fn spec(self) -> KernelSpec {
+        let matmul = |spirv| KernelSpec {
+            spirv,
+            buffers: 4,
+            push_words: 5,
+            local_size: 64,
+        };
+        match self {
+            Kernel::QuantizeQ8_0 => KernelSpec {
+                spirv: include_bytes!("../shaders/spv/quantize_q8_0.spv"),
+                buffers: 3,
+                push_words: 2,
+                local_size: 64,
+            },
+            Kernel::MatmulQ8_0 => matmul(include_bytes!("../shaders/spv/matmul_q8_0.spv")),
+            Kernel::MatmulQ4_0 => matmul(include_bytes!("../shaders/spv/matmul_q4_0.spv")),
+            Kernel::MatmulQ5_0 => matmul(include_bytes!("../shaders/spv/matmul_q5_0.spv")),
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The operations a forward pass asks of the device, over its buffers: weights placed
+//! in their GGUF block format (or declined by name), activations quantised as ggml-cpu
+//! quantises them, matrix products.
+
+use crate::error::VulkanError;
+use crate::gpu::{BufferId, Gpu};
+use crate::kernels::Kernel;
+use llamay_formats::GgmlType;
+
+/// The weight formats the device computes on, with the kernel of each.
+const WEIGHT_KERNELS: &[(GgmlType, Kernel)] = &[
+    (GgmlType::Q8_0, Kernel::MatmulQ8_0),
+    (GgmlType::Q4_0, Kernel::MatmulQ4_0),
+    (GgmlType::Q5_0, Kernel::MatmulQ5_0),
+];
+
+/// The weight formats the device runs, in words: "Q8_0 Q4_0 Q5_0".
+pub fn weight_formats() -> String {
+    let names: Vec<&str> = WEIGHT_KERNELS.iter().map(|(t, _)| t.name()).collect();
+    names.join(" ")
+}
+
+/// Why the device declines a weight format, or `None` when it runs it. The engine's
+/// fall back is per format: a declined matrix runs on the CPU, the rest on the device.
+pub fn declines(ty: GgmlType) -> Option<String> {
+    if WEIGHT_KERNELS.iter().any(|&(t, _)| t == ty) {
+        return None;
+    }
+    let name = ty.name();
+    Some(if name.starts_with("IQ") {
+        format!(
+            "{name} is an i-quant, decoded through a codebook: the Vulkan device has no kernel for it (it runs {})",
+            weight_formats()
+        )
+    } else {
+        format!(
+            "the Vulkan device has no {name} kernel yet (it runs {})",
+            weight_formats()
+        )
+    })
+}
+
+/// A weight matrix on the device, in its file's block format: `rows` outputs of
+/// `cols` inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceMatrix {
+    pub buf: BufferId,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    kernel: Kernel,
+}
+
+/// Activation rows quantised to Q8_0 on the device: per block of 32 the f16-rounded
+/// scale (as f32) and the 32 values packed four to a word.
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Rows {
+    pub scales: BufferId,
+    pub quants: BufferId,
+    /// Blocks the buffers hold.
+    capacity: usize,
+    /// Rows and columns of the last quantisation.
+    pub n: usize,
+    pub cols: usize,
+}
+
+impl Gpu {
+    /// Places a weight on the device as the file holds it (`bytes`: `rows` rows of
+    /// `cols` values in `ty`), or declines its format naming tensor, format and reason.
+    pub fn upload_matrix(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<DeviceMatrix, VulkanError> {
+        let Some(&(_, kernel)) = WEIGHT_KERNELS.iter().find(|&&(t, _)| t == ty) else {
+            return Err(VulkanError::Declined {
+                tensor: name.to_string(),
+                reason: declines(ty).unwrap_or_default(),
+            });
+        };
+        let expect = ty
+            .bytes_for(cols as u64)
+            .and_then(|r| r.checked_mul(rows as u64));
+        if expect != Some(bytes.len() as u64) {
+            return Err(VulkanError::Shape(format!(
+                "tensor '{name}': {} bytes for {rows} rows of {cols} {ty} values",
+                bytes.len()
+            )));
+        }
+        let buf = self.buffer(bytes.len() as u64, &format!("tensor '{name}'"))?;
+        self.write(buf, 0, bytes)?;
+        Ok(DeviceMatrix {
+            buf,
+            ty,
+            rows,
+            cols,
+            kernel,
+        })
+    }
+
+    /// Buffers for up to `n` rows of `cols` values quantised to Q8_0.
+    pub fn q8_rows(&mut self, n: usize, cols: usize) -> Result<Q8Rows, VulkanError> {
+        if !cols.is_multiple_of(32) {
+            return Err(VulkanError::Shape(format!(
+                "{cols} columns are not whole Q8_0 blocks"
+            )));
+        }
+        let blocks = n * cols / 32;
+        Ok(Q8Rows {
+            scales: self.buffer(blocks as u64 * 4, "Q8_0 activation scales")?,
+            quants: self.buffer(blocks as u64 * 32, "Q8_0 activations")?,
+            capacity: blocks,
+            n: 0,
+            cols,
+        })
+    }
+
+    /// Records the quantisation of `n` rows of `cols` f32 values (starting at value
+    /// `x_offset` of `x`) into `out`.
+    pub fn quantize_q8_0(
+        &mut self,
+        x: BufferId,
+        x_offset: usize,
+        n: usize,
+        cols: usize,
+        out: &mut Q8Rows,
+    ) -> Result<(), VulkanError> {
+        let blocks = n * cols / 32;
+        if !cols.is_multiple_of(32) || blocks > out.capacity {
+            return Err(VulkanError::Shape(format!(
+                "{n} rows of {cols} do not fit Q8_0 buffers of {} blocks",
+                out.capacity
+            )));
+        }
+        let spec = Kernel::QuantizeQ8_0.spec();
+        let push = [u32_of(blocks)?, u32_of(x_offset)?];
+        let groups = Gpu::groups(blocks, spec.local_size)?;
+        self.dispatch(
+            Kernel::QuantizeQ8_0,
+            &[x, out.scales, out.quants],
+            &push,
+            [groups, 1, 1],
+        )?;
+        (out.n, out.cols) = (n, cols);
+        Ok(())
+    }
+
+    /// Records `out[o_offset + t * rows + r] = W[r] · A[t]` for every weight row and
+    /// activation row: the CPU kernels' bits (see `matmul_q8.comp`).
+    pub fn matmul(
+        &mut self,
+        w: &DeviceMatrix,
+        a: &Q8Rows,
+        out: BufferId,
+        o_offset: usize,
+    ) -> Result<(), VulkanError> {
+        if a.cols != w.cols {
+            return Err(VulkanError::Shape(format!(
+                "a matrix of {} columns times activations of {}",
+                w.cols, a.cols
+            )));
+        }
+        let need = (o_offset + a.n * w.rows) as u64 * 4;
+        if need > self.buffer_bytes(out)? {
+            return Err(VulkanError::Shape(format!(
+                "{} outputs at {o_offset} do not fit the output buffer",
+                a.n * w.rows
+            )));
+        }
+        let spec = w.kernel.spec();
+        let push = [
+            u32_of(w.rows)?,
+            u32_of(w.cols)?,
+            u32_of(a.n)?,
+            0,
+            u32_of(o_offset)?,
+        ];
+        let groups = [Gpu::groups(w.rows, spec.local_size)?, u32_of(a.n)?, 1];
+        self.dispatch(w.kernel, &[w.buf, a.scales, a.quants, out], &push, groups)
+    }
+}
+
+fn u32_of(v: usize) -> Result<u32, VulkanError> {
+    u32::try_from(v).map_err(|_| VulkanError::Shape(format!("{v} does not fit a push constant")))
+}

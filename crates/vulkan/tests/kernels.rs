@@ -1,0 +1,199 @@
+//! The device's kernels against the CPU's, on whatever Vulkan device this machine has
+//! (lavapipe in CI: `scripts/test` installs mesa-vulkan-drivers). Bits, not bounds:
+//! the kernels fold in the CPU kernels' order, so any difference is a bug.
+
+use llamay_formats::GgmlType;
+use llamay_kernels::{KernelSet, QuantizedRows, ThreadPool};
+use llamay_vulkan::{Gpu, VulkanError};
+
+/// The device to test on: `LLAMAY_VULKAN_TEST_DEVICE` (an index), else the first
+/// usable one. Without any, the test fails under the test command (which installs
+/// lavapipe) and is skipped elsewhere.
+fn gpu() -> Option<Gpu> {
+    let devices = match llamay_vulkan::probe() {
+        Ok(d) if d.iter().any(|d| d.unusable.is_none()) => d,
+        outcome => {
+            let why = match outcome {
+                Ok(_) => "no usable Vulkan device".to_string(),
+                Err(e) => e.to_string(),
+            };
+            let required = std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_some_and(|v| v != "0");
+            assert!(
+                !required,
+                "{why}; scripts/test installs mesa-vulkan-drivers (lavapipe)"
+            );
+            eprintln!("skipped: {why}");
+            return None;
+        }
+    };
+    let index = match std::env::var("LLAMAY_VULKAN_TEST_DEVICE") {
+        Ok(i) => i.parse().expect("LLAMAY_VULKAN_TEST_DEVICE is an index"),
+        Err(_) => devices
+            .iter()
+            .find(|d| d.unusable.is_none())
+            .map(|d| d.index)
+            .unwrap(),
+    };
+    let gpu = Gpu::open(index).expect("open the device");
+    eprintln!("device: {}", gpu.info().describe());
+    Some(gpu)
+}
+
+/// Deterministic values with the shapes activations have: mostly small, some large,
+/// a zero block, exact ties of the rounding (k + 0.5 steps of amax/127).
+fn activations(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    let mut next = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    };
+    let mut x: Vec<f32> = (0..n)
+        .map(|i| next() * if i % 97 == 0 { 40.0 } else { 1.5 })
+        .collect();
+    if n >= 64 {
+        x[32..64].fill(0.0);
+    }
+    if n >= 96 {
+        // amax 127 in the block: id = 1, so k + 0.5 is a tie of round-half-even.
+        x[64] = 127.0;
+        for (j, v) in x[65..96].iter_mut().enumerate() {
+            *v = j as f32 - 15.5;
+        }
+    }
+    x
+}
+
+fn f32_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+fn quantize_q8_0_gives_ggml_cpus_bytes() -> Result<(), VulkanError> {
+    let Some(mut gpu) = gpu() else { return Ok(()) };
+    let (n, cols) = (5, 256);
+    let x = activations(n * cols, 7);
+    let xb = gpu.buffer((x.len() * 4) as u64, "x")?;
+    gpu.write(xb, 0, &f32_bytes(&x))?;
+    let mut q = gpu.q8_rows(n, cols)?;
+    gpu.quantize_q8_0(xb, 0, n, cols, &mut q)?;
+    let blocks = n * cols / 32;
+    let mut scales = vec![0f32; blocks];
+    gpu.read_f32(q.scales, 0, &mut scales)?;
+    let mut quants = vec![0u8; blocks * 32];
+    gpu.read(q.quants, 0, &mut quants)?;
+    let mut cpu = vec![0u8; blocks * 34];
+    assert!(llamay_kernels::quantize_row(GgmlType::Q8_0, &x, &mut cpu));
+    for b in 0..blocks {
+        let block = &cpu[b * 34..(b + 1) * 34];
+        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        assert_eq!(scales[b].to_bits(), d.to_bits(), "block {b}: scale");
+        assert_eq!(
+            &quants[b * 32..(b + 1) * 32],
+            &block[2..],
+            "block {b}: values"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
+    let Some(mut gpu) = gpu() else { return Ok(()) };
+    let pool = ThreadPool::new(1);
+    let (rows, cols) = (70, 320);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
+        for n in [1, 3] {
+            let w = activations(rows * cols, 11 + ty.id() as u64);
+            let wq = llamay_formats::quantize(ty, &w).expect("a written type");
+            let x = activations(n * cols, 3 + n as u64);
+            let dm = gpu.upload_matrix("w", ty, rows, cols, &wq)?;
+            let xb = gpu.buffer((x.len() * 4) as u64, "x")?;
+            gpu.write(xb, 0, &f32_bytes(&x))?;
+            let mut q = gpu.q8_rows(n, cols)?;
+            gpu.quantize_q8_0(xb, 0, n, cols, &mut q)?;
+            // Output at an offset, to prove the offset is honoured.
+            let out = gpu.buffer(((8 + n * rows) * 4) as u64, "out")?;
+            gpu.matmul(&dm, &q, out, 8)?;
+            let mut got = vec![0f32; n * rows];
+            gpu.read_f32(out, 8, &mut got)?;
+
+            let mut a = QuantizedRows {
+                ty: GgmlType::Q8_0,
+                cols,
+                n,
+                data: vec![0u8; n * cols / 32 * 34],
+            };
+            assert!(llamay_kernels::quantize_row(
+                GgmlType::Q8_0,
+                &x,
+                &mut a.data
+            ));
+            let mut want = vec![0f32; n * rows];
+            llamay_kernels::matmul_with(
+                KernelSet::Portable,
+                ty,
+                &wq,
+                rows,
+                cols,
+                &a,
+                &mut want,
+                &pool,
+            );
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{ty} n={n}: output {i}: device {g}, CPU {w}"
+                );
+            }
+            for b in [dm.buf, xb, out, q.scales, q.quants] {
+                gpu.free(b)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn work_is_submitted_once_per_flush_and_declines_name_the_format() -> Result<(), VulkanError> {
+    let Some(mut gpu) = gpu() else { return Ok(()) };
+    let (rows, cols) = (64, 64);
+    let wq = llamay_formats::quantize(GgmlType::Q8_0, &activations(rows * cols, 1)).unwrap();
+    let dm = gpu.upload_matrix("w", GgmlType::Q8_0, rows, cols, &wq)?;
+    let xb = gpu.buffer((cols * 4) as u64, "x")?;
+    gpu.write(xb, 0, &f32_bytes(&activations(cols, 2)))?;
+    let mut q = gpu.q8_rows(1, cols)?;
+    let out = gpu.buffer((rows * 4) as u64, "out")?;
+    let before = gpu.stats();
+    // Ten projections recorded, one read: one submission, only the outputs read back.
+    for _ in 0..10 {
+        gpu.quantize_q8_0(xb, 0, 1, cols, &mut q)?;
+        gpu.matmul(&dm, &q, out, 0)?;
+    }
+    let mut got = vec![0f32; rows];
+    gpu.read_f32(out, 0, &mut got)?;
+    let after = gpu.stats();
+    assert_eq!(after.submissions - before.submissions, 1);
+    assert_eq!(after.dispatches - before.dispatches, 20);
+    assert_eq!(after.bytes_read - before.bytes_read, (rows * 4) as u64);
+
+    let err = gpu
+        .upload_matrix("blk.0.ffn_down.weight", GgmlType::IQ4_XS, 1, 256, &[0; 136])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("blk.0.ffn_down.weight") && err.contains("IQ4_XS") && err.contains("i-quant"),
+        "{err}"
+    );
+    let err = gpu
+        .upload_matrix("output.weight", GgmlType::Q6_K, 1, 256, &[0; 210])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("output.weight") && err.contains("Q6_K") && err.contains("Q4_0"),
+        "{err}"
+    );
+    Ok(())
+}
