@@ -319,6 +319,40 @@ fn dump_errors() {
     );
 }
 
+/// `version` lists the Vulkan devices, or says in one line why there are none; the
+/// binary starts either way (the loader is opened at run time, never linked).
+#[test]
+fn version_reports_vulkan_with_and_without_a_loader() {
+    let hidden = Command::new(env!("CARGO_BIN_EXE_llamay"))
+        .arg("version")
+        .env("LLAMAY_VULKAN_LOADER", "/nonexistent/libvulkan.so.1")
+        .output()
+        .unwrap();
+    assert!(hidden.status.success());
+    let text = stdout(&hidden);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vulkan:"))
+        .expect(&text);
+    assert!(
+        line.contains("no Vulkan loader: /nonexistent/libvulkan.so.1 not found"),
+        "{line}"
+    );
+    let j: Json = serde_json::from_slice(&llamay(&["version", "--json"]).stdout).unwrap();
+    assert_eq!(j["gpu_backends"]["compiled"][0], "vulkan");
+    // Under the test command lavapipe is installed: it must be listed, as a CPU device.
+    if std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_some() {
+        let devices = j["gpu_backends"]["vulkan"]["devices"]
+            .as_array()
+            .expect("devices");
+        assert!(
+            (devices.iter())
+                .any(|d| d["type"] == "CPU" && d["name"].as_str().unwrap().contains("llvmpipe")),
+            "{j}"
+        );
+    }
+}
+
 #[test]
 fn usage_errors_are_one_line_exit_1() {
     assert_error(&llamay(&["info", "--bogus"]), "--bogus");

@@ -85,6 +85,18 @@ fn dependency_boundaries_hold() {
             &["llamay-engine", "llamay-gguf", "llamay-tokenizer"],
         ),
         ("gguf", &["llamay-engine", "llamay-kernels", "reqwest"]),
+        // A device crate computes; it knows no HTTP, store or chat, and the engine
+        // reaches it only through the seam it owns.
+        (
+            "vulkan",
+            &[
+                "llamay-server",
+                "llamay-hub",
+                "llamay-template",
+                "reqwest",
+                "llamay-cli",
+            ],
+        ),
     ];
     // The reader sees real dependencies (or the rules below check nothing).
     assert!(deps("engine").contains(&"llamay-kernels".to_string()));
@@ -98,6 +110,24 @@ fn dependency_boundaries_hold() {
                 "crates/{krate} must not depend on {b}"
             );
         }
+    }
+}
+
+/// The device API stays in its crate: only crates/vulkan names `ash` (the engine talks
+/// to a device through its seam, the CLI through the device crate's own functions).
+#[test]
+fn only_the_device_crate_names_the_device_api() {
+    let crates = std::fs::read_dir(root().join("crates")).unwrap();
+    for c in crates {
+        let name = c.unwrap().file_name().to_string_lossy().into_owned();
+        if name == "vulkan" {
+            assert!(deps(&name).contains(&"ash".to_string()));
+            continue;
+        }
+        assert!(
+            !deps(&name).iter().any(|d| d == "ash"),
+            "crates/{name} depends on ash: the Vulkan API belongs to crates/vulkan"
+        );
     }
 }
 

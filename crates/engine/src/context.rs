@@ -3,6 +3,7 @@
 //! contexts (one per thread, say); a context is used by one caller at a time (`decode`
 //! takes `&mut self`), so there is no lock and no silent fall-back to fewer threads.
 
+use crate::cpu::CpuScratch;
 use crate::forward::Scratch;
 use crate::kv::{KvPool, KvPrecision, SeqId};
 use crate::{Model, Threads};
@@ -46,7 +47,8 @@ pub enum ContextError {
 pub struct Context<'m> {
     pub(crate) model: &'m Model<'m>,
     pub(crate) pool: ThreadPool,
-    pub(crate) scratch: Scratch,
+    pub(crate) scratch: Scratch<Vec<f32>>,
+    pub(crate) cpu: CpuScratch,
     pub(crate) kv: KvPool,
 }
 
@@ -72,6 +74,7 @@ impl<'a> Model<'a> {
             model: self,
             pool: ThreadPool::new(p.threads.0.max(1)),
             scratch: Scratch::default(),
+            cpu: CpuScratch::default(),
             kv: KvPool::new(p.kv, c.k_dim(), c.v_dim(), windows, p.n_ctx, budget),
         })
     }

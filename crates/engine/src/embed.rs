@@ -5,7 +5,7 @@
 use crate::batch::BatchToken;
 use crate::config::Pooling;
 use crate::context::Context;
-use crate::forward::linear;
+use crate::cpu::linear;
 use crate::{DecodeError, SeqId};
 use llamay_kernels::QuantizedRows;
 

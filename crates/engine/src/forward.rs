@@ -1,18 +1,16 @@
 //! The one generic transformer block, driven by the architecture row, and the
 //! batch-shaped decode: tokens of several sequences in one call.
 
-use crate::arch::{FfnKind, NormKind, Output, RopeStyle};
-use crate::attention::{self, Shape, Slot};
+use crate::arch::{Output, RopeStyle};
+use crate::attention::Slot;
+use crate::backend::Backend;
 use crate::batch::{BatchToken, Hidden, Logits};
 use crate::context::Context;
-use crate::kv::{LayerKv, SeqId, Targets, TransientKv};
-use crate::moe::{self, MoeScratch};
-use crate::ops::{add_bias, gelu_slice, layer_norm, rms_norm, swiglu_oai};
-use crate::rope::{self, RopeParams};
-use crate::tensor::matmul_quantized;
-use crate::weights::{DenseFfn, Ffn, FfnInput, HeadNorm, Linear, Norm};
+use crate::cpu::{BatchKv, Cpu};
+use crate::kv::{SeqId, TransientKv};
+use crate::rope::RopeParams;
+use crate::weights::FfnInput;
 use crate::{DecodeError, Model};
-use llamay_kernels::{QuantizedRows, ThreadPool};
 use std::collections::BTreeMap;
 
 /// A test hook (feature `fault-injection`, never in a release build): makes the next
@@ -39,184 +37,28 @@ pub mod fault {
     }
 }
 
-/// Rows per task of the row-wise steps (norms, rope).
-const ROWS_PER_TASK: usize = 16;
-/// Values per task of the element-wise steps (residual adds, GELU).
-const ELEMS_PER_TASK: usize = 16 * 1024;
-
-/// Normalises every `cols`-long row of `x`, rows spread over the pool.
-fn apply_norm(
-    x: &mut [f32],
-    norm: &Norm,
-    kind: NormKind,
-    eps: f32,
-    cols: usize,
-    pool: &ThreadPool,
-) {
-    pool.for_each_chunk_mut(x, cols * ROWS_PER_TASK, |_, rows| {
-        rows.chunks_mut(cols)
-            .for_each(|row| norm_row(row, norm, kind, eps));
-    });
-}
-
-/// `out = norm(x)` row by row (a copy where there is no norm), rows spread over the
-/// pool: the copy happens in the same pass, not on the calling thread before it.
-fn norm_into(
-    x: &[f32],
-    out: &mut Vec<f32>,
-    norm: Option<&Norm>,
-    kind: NormKind,
-    eps: f32,
-    cols: usize,
-    pool: &ThreadPool,
-) {
-    out.resize(x.len(), 0.0);
-    let chunk = cols * ROWS_PER_TASK;
-    pool.for_each_chunk_mut(out, chunk, |i, rows| {
-        rows.copy_from_slice(&x[i * chunk..][..rows.len()]);
-        if let Some(norm) = norm {
-            rows.chunks_mut(cols)
-                .for_each(|row| norm_row(row, norm, kind, eps));
-        }
-    });
-}
-
-fn norm_row(row: &mut [f32], norm: &Norm, kind: NormKind, eps: f32) {
-    match kind {
-        NormKind::Rms => rms_norm(row, &norm.weight, eps),
-        NormKind::Layer => layer_norm(row, &norm.weight, norm.bias.as_deref(), eps),
-    }
-}
-
-/// Normalises every head (`hd`-long row) of Q or K, rows spread over the pool.
-fn head_norms(x: &mut [f32], n: &HeadNorm, eps: f32, hd: usize, pool: &ThreadPool) {
-    let per_head = n.per_head.then(|| n.weight.len() / hd);
-    pool.for_each_chunk_mut(x, hd * ROWS_PER_TASK, |i, rows| {
-        for (j, row) in rows.chunks_mut(hd).enumerate() {
-            let w = match per_head {
-                // Rows are heads of consecutive tokens: row r is head r mod n_heads.
-                Some(n_heads) => &n.weight[((i * ROWS_PER_TASK + j) % n_heads) * hd..][..hd],
-                None => &n.weight[..],
-            };
-            match n.kind {
-                NormKind::Rms => rms_norm(row, w, eps),
-                NormKind::Layer => layer_norm(row, w, None, eps),
-            }
-        }
-    });
-}
-
-/// RMS-normalises every `cols`-long row of `x` by `w`, rows spread over the pool.
-fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize, pool: &ThreadPool) {
-    pool.for_each_chunk_mut(x, cols * ROWS_PER_TASK, |_, rows| {
-        rows.chunks_mut(cols).for_each(|row| rms_norm(row, w, eps));
-    });
-}
-
-/// `outs[i] = W_i x + b_i` for projections that read the same input `x`: it is
-/// quantised once per dot type (into `act`), not once per projection, and a run of
-/// packed projections of one dot type is one pool region (`matmul_packed_many`).
-pub(crate) fn linears(
-    ls: &[&Linear<'_>],
-    x: &[f32],
-    act: &mut QuantizedRows,
-    outs: &mut [&mut Vec<f32>],
-    pool: &ThreadPool,
-) {
-    debug_assert_eq!(ls.len(), outs.len());
-    if let Some((addr, len)) = ls.last().and_then(|l| l.then) {
-        pool.prefetch_while_idle(addr, len);
-    }
-    let (mut i, mut outs) = (0, &mut outs[..]);
-    while i < ls.len() {
-        let ty = ls[i].w.ty.vec_dot_type();
-        let run = ls[i..]
-            .iter()
-            .take_while(|l| l.w.ty.vec_dot_type() == ty)
-            .count();
-        llamay_kernels::quantize_rows_into(ty, x, ls[i].w.cols, pool, act);
-        let (run_outs, rest) = std::mem::take(&mut outs).split_at_mut(run);
-        let run_ls = &ls[i..i + run];
-        let packed: Option<Vec<_>> = run_ls.iter().map(|l| l.packed.as_ref()).collect();
-        if let Some(packed) = packed {
-            let mut jobs: Vec<_> = (packed.into_iter().zip(run_outs.iter_mut()))
-                .map(|(p, out)| {
-                    out.resize(act.n * p.rows(), 0.0);
-                    (p, &mut out[..])
-                })
-                .collect();
-            llamay_kernels::matmul_packed_many(&mut jobs, act, pool);
-        } else {
-            for (l, out) in run_ls.iter().zip(run_outs.iter_mut()) {
-                matmul_quantized(&l.w, l.packed.as_ref(), act, out, pool);
-            }
-        }
-        for (l, out) in run_ls.iter().zip(run_outs.iter_mut()) {
-            add_bias(out, l.b.as_ref(), l.w.rows);
-        }
-        (i, outs) = (i + run, rest);
-    }
-}
-
-/// `out = W x + b`.
-pub(crate) fn linear(
-    l: &Linear<'_>,
-    x: &[f32],
-    act: &mut QuantizedRows,
-    out: &mut Vec<f32>,
-    pool: &ThreadPool,
-) {
-    linears(&[l], x, act, &mut [out], pool);
-}
-
-/// `x += y`, or `x += y + z` (llama.cpp's order for a parallel residual), in pieces
-/// over the pool.
-fn add_into(x: &mut [f32], y: &[f32], z: Option<&[f32]>, pool: &ThreadPool) {
-    pool.for_each_chunk_mut(x, ELEMS_PER_TASK, |i, xs| {
-        let y = &y[i * ELEMS_PER_TASK..];
-        match z {
-            None => xs.iter_mut().zip(y).for_each(|(a, b)| *a += b),
-            Some(z) => {
-                let z = &z[i * ELEMS_PER_TASK..];
-                for ((a, b), c) in xs.iter_mut().zip(y).zip(z) {
-                    *a += b + c;
-                }
-            }
-        }
-    });
-}
-
-/// Buffers `decode` reuses from layer to layer and, kept in the `Model`, from call to
-/// call: each grows on first use and is then overwritten in place (the kernels write
-/// every value), so later layers and calls neither allocate nor zero them.
+/// Activation rows `decode` reuses from layer to layer and, kept in the context, from
+/// call to call: each grows on first use and is then overwritten in place (the
+/// operations write every value), so later layers and calls neither allocate nor zero
+/// them. `A` is the backend's row buffer.
 #[derive(Default)]
-pub(crate) struct Scratch {
+pub(crate) struct Scratch<A> {
+    /// The residual stream.
+    x: A,
     /// The normalised input of attention (and of a shared-norm parallel FFN).
-    h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    o: Vec<f32>,
+    h: A,
+    q: A,
+    k: A,
+    v: A,
+    attn: A,
+    o: A,
     /// The normalised input of a sequential FFN.
-    h2: Vec<f32>,
-    ffn: FfnScratch,
-    /// The quantised input of the projections at hand.
-    act: QuantizedRows,
-}
-
-#[derive(Default)]
-struct FfnScratch {
-    dense: FfnBuffers,
-    moe: MoeScratch,
-}
-
-/// One dense network's intermediate values and output.
-#[derive(Default)]
-pub(crate) struct FfnBuffers {
-    up: Vec<f32>,
-    gate: Vec<f32>,
-    /// The network's output.
-    pub(crate) down: Vec<f32>,
+    h2: A,
+    /// The FFN's output.
+    ffn: A,
+    /// The rows the batch asked for, and the output head's values.
+    rows: A,
+    logits: A,
 }
 
 impl Context<'_> {
@@ -338,7 +180,6 @@ impl Context<'_> {
 
         let e = cfg.n_embd;
         let arch = cfg.arch;
-        let threads = &self.pool;
         let mut x = vec![0f32; n * e];
         let mut tmp = vec![0f32; e];
         for (t, bt) in batch.iter().enumerate() {
@@ -359,12 +200,6 @@ impl Context<'_> {
                 row.iter_mut().zip(&tmp).for_each(|(v, p)| *v += p);
             }
         }
-        if let Some(n) = &model.weights.embd_norm {
-            apply_norm(&mut x, n, arch.norm, cfg.norm_eps, e, threads);
-        }
-
-        let (qd, kd, vd) = (cfg.q_dim(), cfg.k_dim(), cfg.v_dim());
-        let hk = cfg.head_dim_k;
         // Every token's rope angles, once per layer kind (the same in every layer).
         let angles_of = |rope: &RopeParams| -> Vec<(f32, f32)> {
             if arch.rope == RopeStyle::None {
@@ -379,109 +214,28 @@ impl Context<'_> {
             }
             all
         };
-        let angles_full = angles_of(&cfg.rope);
+        let angles = angles_of(&cfg.rope);
         let own_swa = cfg.swa_layers.iter().any(|&s| s) && cfg.rope_swa != cfg.rope;
         let angles_swa = own_swa.then(|| angles_of(&cfg.rope_swa));
-        let s = &mut self.scratch;
-        for (il, layer) in model.weights.layers.iter().enumerate() {
-            #[cfg(feature = "fault-injection")]
-            fault::at_layer(il);
-            norm_into(
-                &x,
-                &mut s.h,
-                layer.attn_norm.as_ref(),
-                arch.norm,
-                cfg.norm_eps,
-                e,
-                threads,
-            );
+        let index: Vec<usize> = batch
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.logits)
+            .map(|(i, _)| i)
+            .collect();
 
-            linears(
-                &[&layer.q, &layer.k, &layer.v],
-                &s.h,
-                &mut s.act,
-                &mut [&mut s.q, &mut s.k, &mut s.v],
-                threads,
-            );
-            if let Some(n) = &layer.q_norm {
-                head_norms(&mut s.q, n, cfg.norm_eps, hk, threads);
-            }
-            if let Some(n) = &layer.k_norm {
-                head_norms(&mut s.k, n, cfg.norm_eps, hk, threads);
-            }
-            let swa = cfg.swa_layers[il];
-            if arch.rope != RopeStyle::None {
-                // Rotate each token's q and k heads, a task per run of tokens.
-                let half = cfg.n_rot / 2;
-                let angles = match (&angles_swa, swa) {
-                    (Some(a), true) => a,
-                    _ => &angles_full,
-                };
-                for (buf, dim) in [(&mut s.q, qd), (&mut s.k, kd)] {
-                    threads.for_each_chunk_mut(buf, dim * ROWS_PER_TASK, |i, rows| {
-                        for (j, row) in rows.chunks_mut(dim).enumerate() {
-                            let t = i * ROWS_PER_TASK + j;
-                            let a = &angles[t * half..(t + 1) * half];
-                            row.chunks_mut(hk)
-                                .for_each(|h| rope::rotate(h, a, arch.rope));
-                        }
-                    });
-                }
-            }
-            let kv_rows = (s.k.chunks_exact(kd)).zip(s.v.chunks_exact(vd));
-            let views: Vec<_> = match &mut cache {
-                BatchKv::Pool(targets) => {
-                    let store = self.kv.store_mut();
-                    for (&(page, slot), (k, v)) in targets[il].iter().zip(kv_rows) {
-                        store.write(page, slot, k, v);
-                    }
-                    seqs.iter().map(|&q| self.kv.layer(q, il)).collect()
-                }
-                BatchKv::Transient(t) => {
-                    for (sl, (k, v)) in slots.iter().zip(kv_rows) {
-                        t.write(sl.seq, sl.pos, k, v);
-                    }
-                    (0..seqs.len()).map(|i| t.layer(i)).collect()
-                }
-            };
-            let sinks = layer.attn_sinks.as_deref();
-            let attn = model.attention(&views, &slots, &s.q, swa, sinks, threads);
-            linear(&layer.attn_out, &attn, &mut s.act, &mut s.o, threads);
-            if let Some(w) = &layer.post_attn_norm {
-                rms_rows(&mut s.o, w, cfg.norm_eps, e, threads);
-            }
-
-            // A sequential block's FFN reads x + attn; a parallel one's reads x, and both
-            // outputs join x together (llama.cpp's order of the adds).
-            let (kind, eps) = (arch.norm, cfg.norm_eps);
-            let sequential = matches!(
-                layer.ffn_input,
-                FfnInput::AfterAttention(_) | FfnInput::PostNorm { .. }
-            );
-            if sequential {
-                add_into(&mut x, &s.o, None, threads);
-            }
-            let h = match &layer.ffn_input {
-                FfnInput::AfterAttention(norm) | FfnInput::Parallel(norm) => {
-                    norm_into(&x, &mut s.h2, Some(norm), kind, eps, e, threads);
-                    &s.h2
-                }
-                FfnInput::ParallelShared => &s.h,
-                FfnInput::PostNorm { attn_out, .. } => {
-                    apply_norm(&mut x, attn_out, kind, eps, e, threads);
-                    &x
-                }
-            };
-            model.ffn(threads, layer, h, &mut s.ffn, &mut s.act);
-            if sequential {
-                add_into(&mut x, s.ffn.output(), None, threads);
-            } else {
-                add_into(&mut x, &s.o, Some(s.ffn.output()), threads);
-            }
-            if let FfnInput::PostNorm { out, .. } = &layer.ffn_input {
-                apply_norm(&mut x, out, kind, eps, e, threads);
-            }
-        }
+        let mut cpu = Cpu {
+            model,
+            pool: &self.pool,
+            scratch: &mut self.cpu,
+            kv: &mut self.kv,
+            cache: &mut cache,
+            seqs: &seqs,
+            slots: &slots,
+            angles: &angles,
+            angles_swa: angles_swa.as_deref(),
+        };
+        let values = forward(model, &mut cpu, &mut self.scratch, x, &index, head);
         if let BatchKv::Pool(_) = cache {
             for &q in &seqs {
                 let tokens: Vec<u32> = (batch.iter().filter(|b| b.seq == q))
@@ -490,38 +244,96 @@ impl Context<'_> {
                 self.kv.commit(q, &tokens);
             }
         }
-
-        let index: Vec<usize> = batch
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.logits)
-            .map(|(i, _)| i)
-            .collect();
-        let mut h = Vec::with_capacity(index.len() * e);
-        for &i in &index {
-            h.extend_from_slice(&x[i * e..(i + 1) * e]);
-        }
-        if let Some(n) = &model.weights.output_norm {
-            apply_norm(&mut h, n, arch.norm, cfg.norm_eps, e, threads);
-        }
-        if head == Head::Hidden {
-            return Ok((index, h));
-        }
-        let mut values = Vec::new();
-        linear(&model.weights.output, &h, &mut s.act, &mut values, threads);
-        if let Some(c) = cfg.final_softcap {
-            values.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
-        }
         Ok((index, values))
     }
 }
 
-/// Where a batch's keys and values go.
-enum BatchKv {
-    /// A decoder's: the context's pool, at each token's (page, slot) per layer.
-    Pool(Targets),
-    /// An encoder's: pages of the batch alone, gone after it.
-    Transient(TransientKv),
+/// The forward pass of a validated batch on backend `b`: the embedding rows `x` in,
+/// the values `head` asks for of rows `index` out. One generic block runs every
+/// architecture row (invariant 3) on every backend (the seam, `backend.rs`).
+fn forward<B: Backend>(
+    model: &Model<'_>,
+    b: &mut B,
+    s: &mut Scratch<B::Act>,
+    x: Vec<f32>,
+    index: &[usize],
+    head: Head,
+) -> Vec<f32> {
+    let cfg = &model.config;
+    let (e, arch, eps) = (cfg.n_embd, cfg.arch, cfg.norm_eps);
+    b.load(x, &mut s.x);
+    if let Some(n) = &model.weights.embd_norm {
+        b.norm(&mut s.x, n, arch.norm, eps, e);
+    }
+    let (qd, kd, hk) = (cfg.q_dim(), cfg.k_dim(), cfg.head_dim_k);
+    for (il, layer) in model.weights.layers.iter().enumerate() {
+        #[cfg(feature = "fault-injection")]
+        fault::at_layer(il);
+        b.norm_into(&s.x, &mut s.h, layer.attn_norm.as_ref(), arch.norm, eps, e);
+        b.linears(
+            &[&layer.q, &layer.k, &layer.v],
+            &s.h,
+            &mut [&mut s.q, &mut s.k, &mut s.v],
+        );
+        if let Some(n) = &layer.q_norm {
+            b.head_norm(&mut s.q, n, eps, hk);
+        }
+        if let Some(n) = &layer.k_norm {
+            b.head_norm(&mut s.k, n, eps, hk);
+        }
+        let swa = cfg.swa_layers[il];
+        b.rope(&mut s.q, qd, swa);
+        b.rope(&mut s.k, kd, swa);
+        let sinks = layer.attn_sinks.as_deref();
+        b.attention(il, &s.q, &s.k, &s.v, swa, sinks, &mut s.attn);
+        b.linears(&[&layer.attn_out], &s.attn, &mut [&mut s.o]);
+        if let Some(w) = &layer.post_attn_norm {
+            b.rms(&mut s.o, w, eps, e);
+        }
+
+        // A sequential block's FFN reads x + attn; a parallel one's reads x, and both
+        // outputs join x together (llama.cpp's order of the adds).
+        let sequential = matches!(
+            layer.ffn_input,
+            FfnInput::AfterAttention(_) | FfnInput::PostNorm { .. }
+        );
+        if sequential {
+            b.add(&mut s.x, &s.o, None);
+        }
+        let h = match &layer.ffn_input {
+            FfnInput::AfterAttention(norm) | FfnInput::Parallel(norm) => {
+                b.norm_into(&s.x, &mut s.h2, Some(norm), arch.norm, eps, e);
+                &s.h2
+            }
+            FfnInput::ParallelShared => &s.h,
+            FfnInput::PostNorm { attn_out, .. } => {
+                b.norm(&mut s.x, attn_out, arch.norm, eps, e);
+                &s.x
+            }
+        };
+        b.ffn(layer, h, &mut s.ffn);
+        if sequential {
+            b.add(&mut s.x, &s.ffn, None);
+        } else {
+            b.add(&mut s.x, &s.o, Some(&s.ffn));
+        }
+        if let FfnInput::PostNorm { out, .. } = &layer.ffn_input {
+            b.norm(&mut s.x, out, arch.norm, eps, e);
+        }
+    }
+
+    b.gather(&s.x, index, e, &mut s.rows);
+    if let Some(n) = &model.weights.output_norm {
+        b.norm(&mut s.rows, n, arch.norm, eps, e);
+    }
+    if head == Head::Hidden {
+        return b.read(std::mem::take(&mut s.rows));
+    }
+    b.linears(&[&model.weights.output], &s.rows, &mut [&mut s.logits]);
+    if let Some(c) = cfg.final_softcap {
+        b.softcap(&mut s.logits, c);
+    }
+    b.read(std::mem::take(&mut s.logits))
 }
 
 /// What a batch's flagged tokens give back.
@@ -529,104 +341,4 @@ enum BatchKv {
 enum Head {
     Logits,
     Hidden,
-}
-
-impl FfnScratch {
-    /// The last FFN's output (after the post-FFN norm).
-    fn output(&self) -> &[f32] {
-        &self.dense.down
-    }
-}
-
-/// `f.down = ffn(h)` for the rows of `h` (`kind` as the architecture row says).
-pub(crate) fn dense_ffn(
-    kind: FfnKind,
-    ffn: &DenseFfn<'_>,
-    h: &[f32],
-    f: &mut FfnBuffers,
-    act: &mut QuantizedRows,
-    threads: &ThreadPool,
-) {
-    match (kind, &ffn.gate) {
-        (
-            FfnKind::SwiGlu | FfnKind::SwiGluStacked | FfnKind::GeGlu | FfnKind::SwiGluOai,
-            Some(gate),
-        ) => {
-            let outs: &mut [&mut Vec<f32>] = &mut [&mut f.up, &mut f.gate];
-            linears(&[&ffn.up, gate], h, act, outs, threads);
-            let (up, g) = (&mut f.up, &f.gate);
-            match kind {
-                // up *= gelu(g), a piece per task (GELU works in place).
-                FfnKind::GeGlu => threads.for_each_chunk_mut(up, ELEMS_PER_TASK, |i, u| {
-                    let mut gi = g[i * ELEMS_PER_TASK..][..u.len()].to_vec();
-                    gelu_slice(&mut gi);
-                    u.iter_mut().zip(&gi).for_each(|(u, g)| *u *= g);
-                }),
-                FfnKind::SwiGluOai => threads.for_each_chunk_mut(up, ELEMS_PER_TASK, |i, u| {
-                    swiglu_oai(u, &g[i * ELEMS_PER_TASK..][..u.len()]);
-                }),
-                _ => llamay_kernels::swiglu(up, g, threads),
-            }
-        }
-        (FfnKind::Gelu, _) => {
-            linear(&ffn.up, h, act, &mut f.up, threads);
-            threads.for_each_chunk_mut(&mut f.up, ELEMS_PER_TASK, |_, u| gelu_slice(u));
-        }
-        // The binder gives every gated kind its gate.
-        (_, None) => linear(&ffn.up, h, act, &mut f.up, threads),
-    }
-    linear(&ffn.down, &f.up, act, &mut f.down, threads);
-}
-
-impl Model<'_> {
-    /// The FFN of `h` into `f.output()`.
-    fn ffn(
-        &self,
-        threads: &ThreadPool,
-        layer: &crate::weights::Layer<'_>,
-        h: &[f32],
-        f: &mut FfnScratch,
-        act: &mut QuantizedRows,
-    ) {
-        let cfg = &self.config;
-        match &layer.ffn {
-            Ffn::Moe(m) => {
-                let mixture = moe::Mixture {
-                    weights: m,
-                    kind: cfg.arch.ffn,
-                    n_embd: cfg.n_embd,
-                };
-                mixture.forward(h, &mut f.moe, &mut f.dense.down, act, threads);
-            }
-            Ffn::Dense(d) => dense_ffn(cfg.arch.ffn, d, h, &mut f.dense, act, threads),
-        }
-        if let Some(w) = &layer.post_ffn_norm {
-            rms_rows(&mut f.dense.down, w, cfg.norm_eps, cfg.n_embd, threads);
-        }
-    }
-
-    /// Causal attention of every batch token over its sequence's cache (see
-    /// [`crate::attention`]).
-    fn attention(
-        &self,
-        views: &[LayerKv<'_>],
-        slots: &[Slot],
-        q: &[f32],
-        swa: bool,
-        sinks: Option<&[f32]>,
-        pool: &ThreadPool,
-    ) -> Vec<f32> {
-        let cfg = &self.config;
-        let shape = Shape {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim_k: cfg.head_dim_k,
-            head_dim_v: cfg.head_dim_v,
-            scale: cfg.attn_scale,
-            softcap: cfg.attn_softcap,
-            window: (swa && cfg.n_swa > 0).then_some(cfg.n_swa),
-            sinks,
-        };
-        attention::attention(&shape, views, slots, q, pool)
-    }
 }

@@ -8,9 +8,11 @@
 
 pub mod arch;
 mod attention;
+mod backend;
 mod batch;
 pub mod config;
 mod context;
+mod cpu;
 pub mod embed;
 mod forward;
 pub mod grammar;

@@ -7,7 +7,7 @@
 
 use crate::arch::{FfnKind, Gating};
 use crate::config::MoeConfig;
-use crate::forward::{FfnBuffers, dense_ffn, linear};
+use crate::cpu::{FfnBuffers, dense_ffn, linear};
 use crate::weights::MoeFfn;
 use llamay_kernels::{QuantizedRows, ThreadPool};
 

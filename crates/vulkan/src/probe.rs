@@ -25,12 +25,17 @@ pub(crate) fn load_entry() -> Result<ash::Entry, VulkanError> {
     let path = std::env::var("LLAMAY_VULKAN_LOADER").unwrap_or_else(|_| DEFAULT_LOADER.into());
     // SAFETY: opening the Vulkan loader runs its initialisers; the library is the
     // system's (or the one the user named for exactly this purpose).
-    unsafe { ash::Entry::load_from(&path) }.map_err(|e| VulkanError::NoLoader {
-        reason: match e {
+    unsafe { ash::Entry::load_from(&path) }.map_err(|e| {
+        let reason = match e {
             ash::LoadingError::LibraryLoadFailure(e) => e.to_string(),
             ash::LoadingError::MissingEntryPoint(e) => e.to_string(),
-        },
-        path,
+        };
+        // dlerror's text starts with the path the error already names.
+        let reason = reason
+            .strip_prefix(&format!("{path}: "))
+            .unwrap_or(&reason)
+            .to_string();
+        VulkanError::NoLoader { path, reason }
     })
 }
 
@@ -121,7 +126,7 @@ impl DeviceInfo {
             self.subgroup_size
         );
         if !self.extensions.is_empty() {
-            s += &format!(", uses {}", self.extensions.join(" "));
+            s += &format!(", has {}", self.extensions.join(" "));
         }
         if let Some(why) = &self.unusable {
             s += &format!(" (not usable: {why})");

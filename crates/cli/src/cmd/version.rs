@@ -50,6 +50,20 @@ fn cpu_features() -> Vec<&'static str> {
     f
 }
 
+fn device_json(d: &llamay_vulkan::DeviceInfo) -> serde_json::Value {
+    json!({
+        "index": d.index,
+        "name": d.name,
+        "type": d.kind.name(),
+        "api_version": d.api_version,
+        "driver": d.driver,
+        "memory_bytes": d.memory_bytes,
+        "subgroup_size": d.subgroup_size,
+        "extensions": d.extensions,
+        "unusable": d.unusable,
+    })
+}
+
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let read: Vec<&str> = ALL_TYPES
         .iter()
@@ -65,6 +79,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let target = format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS);
     let features = cpu_features();
     let kernels = llamay_kernels::kernel_set();
+    // The loader is opened here, once (a missing one is a line, not an error).
+    let vulkan = llamay_vulkan::probe();
     let mut w = out::stdout();
     if args.json {
         let doc = json!({
@@ -72,7 +88,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "target": target,
             "cpu_features": features,
             "kernels": kernels,
-            "gpu_backends": { "compiled": [], "found": [] },
+            "gpu_backends": {
+                "compiled": ["vulkan"],
+                "vulkan": match &vulkan {
+                    Ok(devices) => json!({
+                        "devices": devices.iter().map(device_json).collect::<Vec<_>>(),
+                        "weight_formats": llamay_vulkan::weight_formats(),
+                    }),
+                    Err(e) => json!({ "error": e.to_string() }),
+                },
+            },
             "formats_read": read,
             "formats_written": written,
             "architectures": archs,
@@ -84,7 +109,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         writeln!(w, "target:          {target}")?;
         writeln!(w, "cpu features:    {}", features.join(" "))?;
         writeln!(w, "kernels:         {kernels}")?;
-        writeln!(w, "gpu backends:    none compiled in")?;
+        writeln!(w, "gpu backends:    vulkan (loader opened at run time)")?;
+        match &vulkan {
+            Ok(devices) if devices.is_empty() => writeln!(w, "vulkan:          no device")?,
+            Ok(devices) => {
+                for d in devices {
+                    writeln!(w, "vulkan device:   {}", d.describe())?;
+                }
+                writeln!(
+                    w,
+                    "vulkan kernels:  {} weights",
+                    llamay_vulkan::weight_formats()
+                )?;
+            }
+            Err(e) => writeln!(w, "vulkan:          {e}")?,
+        }
         writeln!(w, "formats read:    {} ({})", read.join(" "), read.len())?;
         writeln!(
             w,
