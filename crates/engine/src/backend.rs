@@ -82,6 +82,6 @@ pub(crate) trait Backend {
     /// `x ↦ c·tanh(x/c)` on every value.
     fn softcap(&mut self, x: &mut Self::Act, c: f32);
 
-    /// The values of `x` on the host.
-    fn read(&mut self, x: Self::Act) -> Vec<f32>;
+    /// The values of `x` on the host (the CPU hands its buffer over).
+    fn read(&mut self, x: &mut Self::Act) -> Vec<f32>;
 }

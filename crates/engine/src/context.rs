@@ -41,6 +41,9 @@ pub enum ContextError {
     Precision(String),
     #[error("a context of 0 tokens holds nothing (-c must be at least 1)")]
     EmptyContext,
+    /// The device cannot hold or run this model (named by the device).
+    #[error("{0}")]
+    Device(String),
 }
 
 /// A model's execution context; see the module docs.
@@ -50,6 +53,8 @@ pub struct Context<'m> {
     pub(crate) scratch: Scratch<Vec<f32>>,
     pub(crate) cpu: CpuScratch,
     pub(crate) kv: KvPool,
+    /// Where the forward pass runs when not on the CPU (`Model::context_on`).
+    pub(crate) device: Option<Box<crate::ondevice::DeviceState>>,
 }
 
 impl<'a> Model<'a> {
@@ -76,11 +81,23 @@ impl<'a> Model<'a> {
             scratch: Scratch::default(),
             cpu: CpuScratch::default(),
             kv: KvPool::new(p.kv, c.k_dim(), c.v_dim(), windows, p.n_ctx, budget),
+            device: None,
         })
     }
 }
 
 impl<'m> Context<'m> {
+    /// The device this context's forward pass runs on (one line), or `None` on the CPU.
+    pub fn device(&self) -> Option<String> {
+        self.device.as_ref().map(|d| d.describe())
+    }
+
+    /// What the device has done since the context was made (submissions, bytes read
+    /// back), or `None` on the CPU.
+    pub fn device_counters(&self) -> Option<crate::device::DeviceCounters> {
+        self.device.as_ref().map(|d| d.counters())
+    }
+
     pub fn model(&self) -> &'m Model<'m> {
         self.model
     }

@@ -318,8 +318,8 @@ impl Backend for Cpu<'_, '_> {
         x.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
     }
 
-    fn read(&mut self, x: Vec<f32>) -> Vec<f32> {
-        x
+    fn read(&mut self, x: &mut Vec<f32>) -> Vec<f32> {
+        std::mem::take(x)
     }
 }
 

@@ -8,6 +8,7 @@ use crate::batch::{BatchToken, Hidden, Logits};
 use crate::context::Context;
 use crate::cpu::{BatchKv, Cpu};
 use crate::kv::{SeqId, TransientKv};
+use crate::ondevice::{OnDevice, StepPlan};
 use crate::rope::RopeParams;
 use crate::weights::FfnInput;
 use crate::{DecodeError, Model};
@@ -224,18 +225,49 @@ impl Context<'_> {
             .map(|(i, _)| i)
             .collect();
 
-        let mut cpu = Cpu {
-            model,
-            pool: &self.pool,
-            scratch: &mut self.cpu,
-            kv: &mut self.kv,
-            cache: &mut cache,
-            seqs: &seqs,
-            slots: &slots,
-            angles: &angles,
-            angles_swa: angles_swa.as_deref(),
+        let values = match self.device.as_deref_mut() {
+            None => {
+                let mut cpu = Cpu {
+                    model,
+                    pool: &self.pool,
+                    scratch: &mut self.cpu,
+                    kv: &mut self.kv,
+                    cache: &mut cache,
+                    seqs: &seqs,
+                    slots: &slots,
+                    angles: &angles,
+                    angles_swa: angles_swa.as_deref(),
+                };
+                forward(model, &mut cpu, &mut self.scratch, x, &index, head)
+            }
+            Some(st) => {
+                let BatchKv::Pool(targets) = &cache else {
+                    // `context_on` refuses encoders.
+                    return Err(DecodeError::Device(
+                        "an encoder's batch on the device".into(),
+                    ));
+                };
+                let plan = StepPlan {
+                    seqs: &seqs,
+                    slots: &slots,
+                    targets,
+                    angles: &angles,
+                    angles_swa: angles_swa.as_deref(),
+                    index: &index,
+                };
+                let mut scratch = std::mem::take(&mut st.scratch);
+                let result = OnDevice::begin(model, &self.pool, st, &mut self.kv, &plan).and_then(
+                    |mut dev| {
+                        let values = forward(model, &mut dev, &mut scratch, x, &index, head);
+                        dev.err.map_or(Ok(values), Err)
+                    },
+                );
+                st.scratch = scratch;
+                // On failure nothing is committed: the sequences keep their lengths,
+                // and the pages this batch reserved are rewritten by the next one.
+                result.map_err(|e| DecodeError::Device(e.to_string()))?
+            }
         };
-        let values = forward(model, &mut cpu, &mut self.scratch, x, &index, head);
         if let BatchKv::Pool(_) = cache {
             for &q in &seqs {
                 let tokens: Vec<u32> = (batch.iter().filter(|b| b.seq == q))
@@ -327,13 +359,13 @@ fn forward<B: Backend>(
         b.norm(&mut s.rows, n, arch.norm, eps, e);
     }
     if head == Head::Hidden {
-        return b.read(std::mem::take(&mut s.rows));
+        return b.read(&mut s.rows);
     }
     b.linears(&[&model.weights.output], &s.rows, &mut [&mut s.logits]);
     if let Some(c) = cfg.final_softcap {
         b.softcap(&mut s.logits, c);
     }
-    b.read(std::mem::take(&mut s.logits))
+    b.read(&mut s.logits)
 }
 
 /// What a batch's flagged tokens give back.

@@ -237,6 +237,9 @@ pub(crate) struct PageStore {
     free: Vec<u32>,
     /// Most pages the pool may allocate.
     budget: usize,
+    /// Where a device holds the pages' contents: the copies made for copy on write,
+    /// (from, to), for it to repeat on its own pages (`take_copies`). `None` on the CPU.
+    copies: Option<Vec<(u32, u32)>>,
 }
 
 impl PageStore {
@@ -251,6 +254,7 @@ impl PageStore {
             refs: Vec::new(),
             free: Vec::new(),
             budget,
+            copies: None,
         }
     }
 
@@ -296,8 +300,14 @@ impl PageStore {
     fn copy(&mut self, id: u32) -> Option<u32> {
         let new = self.alloc()?;
         let (i, n) = (id as usize, new as usize);
-        self.k[n] = self.k[i].clone();
-        self.v[n] = self.v[i].clone();
+        match &mut self.copies {
+            // The contents live on the device: it copies them (the host's stay unread).
+            Some(log) => log.push((id, new)),
+            None => {
+                self.k[n] = self.k[i].clone();
+                self.v[n] = self.v[i].clone();
+            }
+        }
         self.release(id);
         Some(new)
     }
@@ -637,6 +647,36 @@ impl KvPool {
             }
         }
         Ok(targets)
+    }
+
+    /// From now on the pages' contents live on a device: copy on write records the
+    /// copies it makes (for `take_copies`) instead of copying host pages.
+    pub(crate) fn contents_on_device(&mut self) {
+        self.store.copies.get_or_insert_with(Vec::new);
+    }
+
+    /// Whether the pages' contents live on a device.
+    pub fn on_device(&self) -> bool {
+        self.store.copies.is_some()
+    }
+
+    /// The copy-on-write copies made since the last call, (from, to).
+    pub(crate) fn take_copies(&mut self) -> Vec<(u32, u32)> {
+        self.store
+            .copies
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Most pages the pool may hold (over every layer).
+    pub(crate) fn page_budget(&self) -> usize {
+        self.store.budget
+    }
+
+    /// Sequence `s`'s page table in layer `layer` (`None`: released or not reached).
+    pub(crate) fn table(&self, s: SeqId, layer: usize) -> &[Option<u32>] {
+        &self.seqs[&s.0].tables[layer]
     }
 
     pub(crate) fn store_mut(&mut self) -> &mut PageStore {

@@ -13,12 +13,14 @@ mod batch;
 pub mod config;
 mod context;
 mod cpu;
+pub mod device;
 pub mod embed;
 mod forward;
 pub mod grammar;
 pub mod kv;
 pub mod lookup;
 mod moe;
+mod ondevice;
 mod ops;
 pub mod rope;
 pub mod sample;
@@ -113,6 +115,10 @@ pub enum DecodeError {
     },
     #[error("{arch} is an encoder: it computes embeddings, not next-token logits")]
     EncoderHasNoLogits { arch: &'static str },
+    /// The device failed mid-step (the batch is not committed: the sequences are as
+    /// they were).
+    #[error("the device failed: {0}")]
+    Device(String),
 }
 
 /// A loaded model: its config and weights, read-only after load, borrowing the file's

@@ -712,6 +712,43 @@ impl<'a> Weights<'a> {
         std::iter::once(&self.output).chain(layers).chain(head)
     }
 
+    /// Every f32 vector the block reads (norm weights and biases, projection biases,
+    /// attention sinks): what a device copies beside the matrices.
+    pub(crate) fn vectors(&self) -> Vec<&[f32]> {
+        fn norm<'n>(n: &'n Norm, v: &mut Vec<&'n [f32]>) {
+            v.push(&n.weight);
+            v.extend(n.bias.as_deref());
+        }
+        let mut v: Vec<&[f32]> = Vec::new();
+        for n in [&self.embd_norm, &self.output_norm].into_iter().flatten() {
+            norm(n, &mut v);
+        }
+        for l in &self.layers {
+            if let Some(n) = &l.attn_norm {
+                norm(n, &mut v);
+            }
+            match &l.ffn_input {
+                FfnInput::AfterAttention(n) | FfnInput::Parallel(n) => norm(n, &mut v),
+                FfnInput::ParallelShared => {}
+                FfnInput::PostNorm { attn_out, out } => {
+                    norm(attn_out, &mut v);
+                    norm(out, &mut v);
+                }
+            }
+            for h in [&l.q_norm, &l.k_norm].into_iter().flatten() {
+                v.push(&h.weight);
+            }
+            for w in [&l.post_attn_norm, &l.post_ffn_norm, &l.attn_sinks]
+                .into_iter()
+                .flatten()
+            {
+                v.push(w);
+            }
+        }
+        v.extend(self.linears().filter_map(|l| l.b.as_deref()));
+        v
+    }
+
     /// Token `tok`'s embedding into `out` (n_embd values). When the output projection is
     /// the embedding (tied) and was packed, the row comes from the packed copy: the
     /// file's pages were released.

@@ -10,7 +10,7 @@ use ash::vk;
 
 /// A buffer the device holds (an index into its table; meaningless to another `Gpu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BufferId(u32);
+pub struct BufferId(pub u32);
 
 /// What the device has done since it was opened: what a test of "one submission per
 /// step, only the logits back" counts.
@@ -494,6 +494,28 @@ impl Gpu {
                 &[],
             )
         };
+    }
+
+    /// Records a copy of `bytes` bytes between buffers, ordered with the dispatches.
+    pub fn copy(
+        &mut self,
+        src: BufferId,
+        src_offset: u64,
+        dst: BufferId,
+        dst_offset: u64,
+        bytes: u64,
+    ) -> Result<(), VulkanError> {
+        let s = self.check_range(src, src_offset, bytes as usize)?.raw;
+        let d = self.check_range(dst, dst_offset, bytes as usize)?.raw;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let region = vk::BufferCopy {
+            src_offset,
+            dst_offset,
+            size: bytes,
+        };
+        self.record_copy(s, d, region)
     }
 
     fn record_copy(

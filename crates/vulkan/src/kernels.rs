@@ -13,6 +13,20 @@ pub enum Kernel {
     MatmulQ4_0,
     /// Q5_0 weights.
     MatmulQ5_0,
+    /// RMSNorm / LayerNorm of rows (`norm.comp`).
+    Norm,
+    /// Rotary embedding in place (`rope.comp`).
+    Rope,
+    /// Residual adds and biases (`add.comp`).
+    Add,
+    /// GELU, soft-cap and the gated units (`eltwise.comp`).
+    Eltwise,
+    /// Rows by index (`gather.comp`).
+    Gather,
+    /// Keys and values into the cache (`kv_write.comp`).
+    KvWrite,
+    /// Attention over the paged cache (`attention.comp`).
+    Attention,
 }
 
 pub(crate) struct KernelSpec {
@@ -25,11 +39,18 @@ pub(crate) struct KernelSpec {
     pub local_size: u32,
 }
 
-pub(crate) const ALL: [Kernel; 4] = [
+pub(crate) const ALL: [Kernel; 11] = [
     Kernel::QuantizeQ8_0,
     Kernel::MatmulQ8_0,
     Kernel::MatmulQ4_0,
     Kernel::MatmulQ5_0,
+    Kernel::Norm,
+    Kernel::Rope,
+    Kernel::Add,
+    Kernel::Eltwise,
+    Kernel::Gather,
+    Kernel::KvWrite,
+    Kernel::Attention,
 ];
 
 impl Kernel {
@@ -38,6 +59,12 @@ impl Kernel {
     }
 
     pub(crate) fn spec(self) -> KernelSpec {
+        let plain = |spirv, buffers, push_words| KernelSpec {
+            spirv,
+            buffers,
+            push_words,
+            local_size: 64,
+        };
         let matmul = |spirv| KernelSpec {
             spirv,
             buffers: 4,
@@ -54,6 +81,13 @@ impl Kernel {
             Kernel::MatmulQ8_0 => matmul(include_bytes!("../shaders/spv/matmul_q8_0.spv")),
             Kernel::MatmulQ4_0 => matmul(include_bytes!("../shaders/spv/matmul_q4_0.spv")),
             Kernel::MatmulQ5_0 => matmul(include_bytes!("../shaders/spv/matmul_q5_0.spv")),
+            Kernel::Norm => plain(include_bytes!("../shaders/spv/norm.spv"), 4, 7),
+            Kernel::Rope => plain(include_bytes!("../shaders/spv/rope.spv"), 2, 5),
+            Kernel::Add => plain(include_bytes!("../shaders/spv/add.spv"), 3, 3),
+            Kernel::Eltwise => plain(include_bytes!("../shaders/spv/eltwise.spv"), 2, 3),
+            Kernel::Gather => plain(include_bytes!("../shaders/spv/gather.spv"), 3, 2),
+            Kernel::KvWrite => plain(include_bytes!("../shaders/spv/kv_write.spv"), 5, 4),
+            Kernel::Attention => plain(include_bytes!("../shaders/spv/attention.spv"), 7, 9),
         }
     }
 }

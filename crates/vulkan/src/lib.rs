@@ -7,12 +7,14 @@
 //! are quantised to the weight's dot type with ggml-cpu's quantiser, block products are
 //! exact integer sums, and blocks are folded in the CPU's order without contraction.
 
+mod device;
 mod error;
 mod gpu;
 mod kernels;
 mod ops;
 mod probe;
 
+pub use device::VulkanDevice;
 pub use error::VulkanError;
 pub use gpu::{BufferId, Gpu, Stats};
 pub use kernels::Kernel;

@@ -64,6 +64,13 @@ pub struct Q8Rows {
     pub cols: usize,
 }
 
+impl Q8Rows {
+    /// Blocks the buffers hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
 impl Gpu {
     /// Places a weight on the device as the file holds it (`bytes`: `rows` rows of
     /// `cols` values in `ty`), or declines its format naming tensor, format and reason.

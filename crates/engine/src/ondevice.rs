@@ -1,0 +1,672 @@
+//! The device backend: the seam's operations (`backend::Backend`) as [`Op`]s recorded
+//! on a [`Device`]. A context made with [`Model::context_on`] places the model's
+//! weights on the device (each matrix whose format the device takes; the others stay
+//! on the host and run on the CPU, per matrix), and its KV pool's pages live there
+//! (the pool keeps the books on the host: which page holds which positions, copy on
+//! write). A step uploads its embedding rows, rope angles and page targets, records
+//! every block step, and reads back only the rows it returns.
+
+use crate::arch::{FfnKind, NormKind, RopeStyle};
+use crate::attention::Slot;
+use crate::backend::Backend;
+use crate::context::{Context, ContextError, ContextParams};
+use crate::device::{
+    AttentionShape, Device, DeviceBuf, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
+};
+use crate::forward::Scratch;
+use crate::kv::{KvPool, KvPrecision, PAGE, SeqId, first_seen};
+use crate::weights::{Ffn, HeadNorm, Layer, Linear, Norm};
+use crate::{Model, tensor::matmul_quantized};
+use llamay_kernels::{QuantizedRows, ThreadPool};
+use std::collections::HashMap;
+
+/// Rows of f32 values on the device: a buffer grown as needed (never shrunk), and the
+/// values the last operation wrote.
+#[derive(Default)]
+pub(crate) struct DevAct {
+    buf: Option<DeviceBuf>,
+    cap: usize,
+    len: usize,
+}
+
+/// What a context keeps on its device.
+pub(crate) struct DeviceState {
+    dev: Box<dyn Device>,
+    /// Weight matrices on the device, by the address of their bytes in the file (a
+    /// `Linear` borrows them for the model's life, so the address names it).
+    matrices: HashMap<usize, DeviceMatrix>,
+    /// Norm weights, biases and sinks, by the address of their host copy.
+    vectors: HashMap<usize, DeviceBuf>,
+    /// The KV pool's pages: `budget × PAGE` rows of k_dim (v_dim) f32 values.
+    k_cache: DeviceBuf,
+    v_cache: DeviceBuf,
+    /// The forward pass's rows (taken out while a step runs).
+    pub(crate) scratch: Scratch<DevAct>,
+    up: DevAct,
+    gate: DevAct,
+    /// Step inputs: rope angles, KV targets, page tables, attention slots, the rows
+    /// asked for.
+    angles: DevAct,
+    angles_swa: DevAct,
+    targets: DevAct,
+    tables: DevAct,
+    slots: DevAct,
+    index: DevAct,
+    /// The CPU's share: matrices the device declined.
+    act: QuantizedRows,
+}
+
+/// Why a model does not run on a device, before anything is placed there.
+impl Model<'_> {
+    /// The block features of this model (with a KV cache of `kv`) that the device path
+    /// does not run, by name; empty when the whole block runs there. Weight formats
+    /// are not among them: a matrix whose format the device declines runs on the CPU
+    /// (see [`Model::device_declined_matrices`]).
+    pub fn device_unsupported(&self, kv: KvPrecision) -> Vec<String> {
+        let cfg = &self.config;
+        let mut why = Vec::new();
+        if !cfg.causal {
+            why.push(format!(
+                "{} is an encoder: its attention over a batch's own pages runs on the CPU",
+                cfg.arch.name
+            ));
+        }
+        if self
+            .weights
+            .layers
+            .iter()
+            .any(|l| matches!(l.ffn, Ffn::Moe(_)))
+        {
+            why.push("a mixture of experts: the device has no expert routing yet".into());
+        }
+        if kv != KvPrecision::F32 {
+            why.push(format!(
+                "a {} KV cache: the device's pages hold f32 (--kv f32)",
+                kv.name()
+            ));
+        }
+        if cfg.head_dim_v > 512 {
+            why.push(format!(
+                "value heads of {} (the device holds 512)",
+                cfg.head_dim_v
+            ));
+        }
+        why
+    }
+
+    /// The matrices `dev` declines, as "tensor: reason": these run on the CPU.
+    pub fn device_declined_matrices(&self, dev: &dyn Device) -> Vec<String> {
+        (self.weights.linears())
+            .filter_map(|l| {
+                dev.declines(l.w.ty)
+                    .map(|why| format!("{}: {why}", l.w.name))
+            })
+            .collect()
+    }
+
+    /// A context whose forward pass runs on `dev`: the model's weights are placed
+    /// there (each matrix the device declines stays on the CPU), and so are the KV
+    /// pool's pages. Refused, naming why, when the block uses what the device does not
+    /// run ([`Model::device_unsupported`]).
+    pub fn context_on(
+        &self,
+        p: ContextParams,
+        mut dev: Box<dyn Device>,
+    ) -> Result<Context<'_>, ContextError> {
+        let why = self.device_unsupported(p.kv);
+        if !why.is_empty() {
+            return Err(ContextError::Device(format!(
+                "{} does not run this model: {}",
+                dev.describe(),
+                why.join("; ")
+            )));
+        }
+        let mut ctx = self.context(p)?;
+        let failed = |e: DeviceError| ContextError::Device(e.to_string());
+        let mut matrices = HashMap::new();
+        for l in self.weights.linears() {
+            if dev.declines(l.w.ty).is_some() {
+                continue;
+            }
+            let key = l.w.data.as_ptr() as usize;
+            if matrices.contains_key(&key) {
+                continue;
+            }
+            let m = dev
+                .upload_matrix(l.w.name, l.w.ty, l.w.rows, l.w.cols, l.w.data)
+                .map_err(failed)?;
+            matrices.insert(key, m);
+        }
+        let mut vectors = HashMap::new();
+        for v in self.weights.vectors() {
+            let key = v.as_ptr() as usize;
+            if v.is_empty() || vectors.contains_key(&key) {
+                continue;
+            }
+            let buf = dev
+                .alloc(v.len(), "a norm weight or bias")
+                .map_err(failed)?;
+            dev.write_f32(buf, 0, v).map_err(failed)?;
+            vectors.insert(key, buf);
+        }
+        let c = &self.config;
+        let rows = ctx.kv.page_budget().max(1) * PAGE;
+        let k_cache = dev
+            .alloc(rows * c.k_dim(), "the KV cache's keys")
+            .map_err(failed)?;
+        let v_cache = dev
+            .alloc(rows * c.v_dim(), "the KV cache's values")
+            .map_err(failed)?;
+        ctx.kv.contents_on_device();
+        ctx.device = Some(Box::new(DeviceState {
+            dev,
+            matrices,
+            vectors,
+            k_cache,
+            v_cache,
+            scratch: Scratch::default(),
+            up: DevAct::default(),
+            gate: DevAct::default(),
+            angles: DevAct::default(),
+            angles_swa: DevAct::default(),
+            targets: DevAct::default(),
+            tables: DevAct::default(),
+            slots: DevAct::default(),
+            index: DevAct::default(),
+            act: QuantizedRows::default(),
+        }));
+        Ok(ctx)
+    }
+}
+
+impl DeviceState {
+    /// What the device has done (submissions, bytes read back).
+    pub(crate) fn counters(&self) -> crate::device::DeviceCounters {
+        self.dev.counters()
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        self.dev.describe()
+    }
+}
+
+/// Grows `a` to hold `len` values (contents not kept) and marks `len` of them.
+fn ensure(
+    dev: &mut dyn Device,
+    a: &mut DevAct,
+    len: usize,
+    what: &str,
+) -> Result<DeviceBuf, DeviceError> {
+    match a.buf {
+        Some(b) if a.cap >= len => {
+            a.len = len;
+            Ok(b)
+        }
+        old => {
+            if let Some(b) = old {
+                dev.free(b);
+            }
+            // Round up so that a growing batch does not reallocate every step.
+            let cap = len.max(1).next_power_of_two();
+            let b = dev.alloc(cap, what)?;
+            *a = DevAct {
+                buf: Some(b),
+                cap,
+                len,
+            };
+            Ok(b)
+        }
+    }
+}
+
+fn upload_u32(
+    dev: &mut dyn Device,
+    a: &mut DevAct,
+    values: &[u32],
+    what: &str,
+) -> Result<(), DeviceError> {
+    let b = ensure(dev, a, values.len(), what)?;
+    dev.write_u32(b, 0, values)
+}
+
+/// The step's inputs a device needs beyond the embedding rows.
+pub(crate) struct StepPlan<'s> {
+    pub seqs: &'s [SeqId],
+    pub slots: &'s [Slot],
+    /// Per layer, each batch token's (page, slot).
+    pub targets: &'s [Vec<(u32, usize)>],
+    pub angles: &'s [(f32, f32)],
+    pub angles_swa: Option<&'s [(f32, f32)]>,
+    pub index: &'s [usize],
+}
+
+/// One step on the device.
+pub(crate) struct OnDevice<'s, 'm> {
+    pub model: &'m Model<'m>,
+    pub pool: &'s ThreadPool,
+    st: &'s mut DeviceState,
+    n_layer: usize,
+    n: usize,
+    /// The first failure; every later operation is skipped and `run` returns it.
+    pub err: Option<DeviceError>,
+}
+
+impl<'s, 'm> OnDevice<'s, 'm> {
+    /// Uploads the step's inputs: copy-on-write page copies, KV targets, page tables,
+    /// attention slots, rope angles.
+    pub(crate) fn begin(
+        model: &'m Model<'m>,
+        pool: &'s ThreadPool,
+        st: &'s mut DeviceState,
+        kv: &mut KvPool,
+        plan: &StepPlan<'_>,
+    ) -> Result<OnDevice<'s, 'm>, DeviceError> {
+        let cfg = &model.config;
+        let n_layer = cfg.n_layer;
+        let n = plan.slots.len();
+        let dev = &mut *st.dev;
+        for (from, to) in kv.take_copies() {
+            let (f, t) = (from as usize * PAGE, to as usize * PAGE);
+            let (kd, vd) = (cfg.k_dim(), cfg.v_dim());
+            dev.copy(st.k_cache, f * kd, st.k_cache, t * kd, PAGE * kd)?;
+            dev.copy(st.v_cache, f * vd, st.v_cache, t * vd, PAGE * vd)?;
+        }
+        let targets: Vec<u32> = (plan.targets.iter().flatten())
+            .map(|&(page, slot)| (page as usize * PAGE + slot) as u32)
+            .collect();
+        upload_u32(dev, &mut st.targets, &targets, "the step's KV targets")?;
+        // Per layer and sequence, its page table; per layer and token, (table offset,
+        // first position seen, end).
+        let (mut tables, mut slots) = (Vec::new(), Vec::with_capacity(n_layer * n * 3));
+        for il in 0..n_layer {
+            let window = (cfg.swa_layers[il] && cfg.n_swa > 0).then_some(cfg.n_swa);
+            let mut offsets = Vec::with_capacity(plan.seqs.len());
+            for &s in plan.seqs {
+                offsets.push(tables.len() as u32);
+                // A released page is never read (it is outside every window).
+                tables.extend(kv.table(s, il).iter().map(|p| p.unwrap_or(0)));
+            }
+            for sl in plan.slots {
+                slots.extend([
+                    offsets[sl.seq],
+                    first_seen(sl.pos, window) as u32,
+                    sl.end as u32,
+                ]);
+            }
+        }
+        upload_u32(dev, &mut st.tables, &tables, "the step's page tables")?;
+        upload_u32(dev, &mut st.slots, &slots, "the step's attention slots")?;
+        let flat = |a: &[(f32, f32)]| -> Vec<f32> { a.iter().flat_map(|&(c, s)| [c, s]).collect() };
+        if !plan.angles.is_empty() {
+            let b = ensure(dev, &mut st.angles, plan.angles.len() * 2, "rope angles")?;
+            dev.write_f32(b, 0, &flat(plan.angles))?;
+        }
+        if let Some(a) = plan.angles_swa {
+            let b = ensure(dev, &mut st.angles_swa, a.len() * 2, "rope angles")?;
+            dev.write_f32(b, 0, &flat(a))?;
+        }
+        let index: Vec<u32> = plan.index.iter().map(|&i| i as u32).collect();
+        upload_u32(dev, &mut st.index, &index, "the rows asked for")?;
+        Ok(OnDevice {
+            model,
+            pool,
+            st,
+            n_layer,
+            n,
+            err: None,
+        })
+    }
+
+    /// Runs `f` unless an earlier step failed; keeps the first failure.
+    fn step(&mut self, f: impl FnOnce(&mut DeviceState) -> Result<(), DeviceError>) {
+        if self.err.is_none()
+            && let Err(e) = f(self.st)
+        {
+            self.err = Some(e);
+        }
+    }
+
+    fn vector(st: &DeviceState, v: &[f32]) -> Result<DeviceBuf, DeviceError> {
+        (st.vectors.get(&(v.as_ptr() as usize)).copied())
+            .ok_or_else(|| DeviceError::Failed("a weight vector is not on the device".into()))
+    }
+}
+
+fn buf(a: &DevAct) -> Result<DeviceBuf, DeviceError> {
+    a.buf
+        .ok_or_else(|| DeviceError::Failed("an activation was read before it was written".into()))
+}
+
+fn norm_op(kind: NormKind) -> NormOp {
+    match kind {
+        NormKind::Rms => NormOp::Rms,
+        NormKind::Layer => NormOp::Layer,
+    }
+}
+
+/// `out = norm(x)` on the device (`out` may be `x`).
+#[allow(clippy::too_many_arguments)]
+fn record_norm(
+    st: &mut DeviceState,
+    x: DeviceBuf,
+    out: DeviceBuf,
+    len: usize,
+    cols: usize,
+    kind: NormOp,
+    w: Option<&[f32]>,
+    w_rows: usize,
+    b: Option<&[f32]>,
+    eps: f32,
+) -> Result<(), DeviceError> {
+    let w = w.map(|w| OnDevice::vector(st, w)).transpose()?;
+    let b = b.map(|b| OnDevice::vector(st, b)).transpose()?;
+    st.dev.run(&Op::Norm {
+        kind,
+        x,
+        out,
+        rows: len / cols,
+        cols,
+        w,
+        w_rows,
+        b,
+        eps,
+    })
+}
+
+/// `out = W x + b` on the device, or on the CPU where the device declined `W`.
+fn record_linear(
+    st: &mut DeviceState,
+    pool: &ThreadPool,
+    l: &Linear<'_>,
+    x: &DevAct,
+    out: &mut DevAct,
+) -> Result<(), DeviceError> {
+    let n = x.len / l.w.cols;
+    let xb = buf(x)?;
+    let ob = ensure(&mut *st.dev, out, n * l.w.rows, "a projection's output")?;
+    let bias =
+        l.b.as_deref()
+            .map(|b| OnDevice::vector(st, b))
+            .transpose()?;
+    if let Some(&w) = st.matrices.get(&(l.w.data.as_ptr() as usize)) {
+        return st.dev.run(&Op::Matmul {
+            w,
+            x: xb,
+            n,
+            out: ob,
+            bias,
+        });
+    }
+    // The device declined this matrix's format: the CPU computes it (a read and a
+    // write, so this step is no longer one submission).
+    let mut host = vec![0f32; x.len];
+    st.dev.read(xb, 0, &mut host)?;
+    llamay_kernels::quantize_rows_into(l.w.ty.vec_dot_type(), &host, l.w.cols, pool, &mut st.act);
+    let mut y = Vec::new();
+    matmul_quantized(&l.w, l.packed.as_ref(), &st.act, &mut y, pool);
+    crate::ops::add_bias(&mut y, l.b.as_ref(), l.w.rows);
+    st.dev.write_f32(ob, 0, &y)
+}
+
+impl Backend for OnDevice<'_, '_> {
+    type Act = DevAct;
+
+    fn load(&mut self, rows: Vec<f32>, x: &mut DevAct) {
+        self.step(|st| {
+            let b = ensure(&mut *st.dev, x, rows.len(), "the residual stream")?;
+            st.dev.write_f32(b, 0, &rows)
+        });
+    }
+
+    fn norm(&mut self, x: &mut DevAct, norm: &Norm, kind: NormKind, eps: f32, cols: usize) {
+        self.step(|st| {
+            let b = buf(x)?;
+            let bias = norm.bias.as_deref();
+            record_norm(
+                st,
+                b,
+                b,
+                x.len,
+                cols,
+                norm_op(kind),
+                Some(&norm.weight),
+                1,
+                bias,
+                eps,
+            )
+        });
+    }
+
+    fn norm_into(
+        &mut self,
+        x: &DevAct,
+        out: &mut DevAct,
+        norm: Option<&Norm>,
+        kind: NormKind,
+        eps: f32,
+        cols: usize,
+    ) {
+        self.step(|st| {
+            let xb = buf(x)?;
+            let ob = ensure(&mut *st.dev, out, x.len, "a normalised row")?;
+            match norm {
+                Some(n) => {
+                    let (w, b) = (Some(&n.weight[..]), n.bias.as_deref());
+                    record_norm(st, xb, ob, x.len, cols, norm_op(kind), w, 1, b, eps)
+                }
+                None => st.dev.copy(xb, 0, ob, 0, x.len),
+            }
+        });
+    }
+
+    fn rms(&mut self, x: &mut DevAct, w: &[f32], eps: f32, cols: usize) {
+        self.step(|st| {
+            let b = buf(x)?;
+            record_norm(st, b, b, x.len, cols, NormOp::Rms, Some(w), 1, None, eps)
+        });
+    }
+
+    fn head_norm(&mut self, x: &mut DevAct, n: &HeadNorm, eps: f32, hd: usize) {
+        self.step(|st| {
+            let b = buf(x)?;
+            let w_rows = if n.per_head { n.weight.len() / hd } else { 1 };
+            record_norm(
+                st,
+                b,
+                b,
+                x.len,
+                hd,
+                norm_op(n.kind),
+                Some(&n.weight),
+                w_rows,
+                None,
+                eps,
+            )
+        });
+    }
+
+    fn linears(&mut self, ls: &[&Linear<'_>], x: &DevAct, outs: &mut [&mut DevAct]) {
+        let pool = self.pool;
+        for (l, out) in ls.iter().zip(outs.iter_mut()) {
+            self.step(|st| record_linear(st, pool, l, x, out));
+        }
+    }
+
+    fn rope(&mut self, x: &mut DevAct, dim: usize, swa: bool) {
+        let cfg = &self.model.config;
+        let neox = match cfg.arch.rope {
+            RopeStyle::None => return,
+            RopeStyle::Neox => true,
+            RopeStyle::Interleaved => false,
+        };
+        let (hd, n_rot, n) = (cfg.head_dim_k, cfg.n_rot, self.n);
+        self.step(|st| {
+            let angles = match (&st.angles_swa, swa) {
+                (a, true) if a.buf.is_some() => buf(a)?,
+                _ => buf(&st.angles)?,
+            };
+            st.dev.run(&Op::Rope {
+                x: buf(x)?,
+                n,
+                dim,
+                hd,
+                n_rot,
+                angles,
+                neox,
+            })
+        });
+    }
+
+    fn attention(
+        &mut self,
+        il: usize,
+        q: &DevAct,
+        k: &DevAct,
+        v: &DevAct,
+        _swa: bool,
+        sinks: Option<&[f32]>,
+        out: &mut DevAct,
+    ) {
+        let cfg = &self.model.config;
+        let (n, n_layer) = (self.n, self.n_layer);
+        debug_assert!(il < n_layer);
+        let shape = AttentionShape {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim_k: cfg.head_dim_k,
+            head_dim_v: cfg.head_dim_v,
+            scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap,
+        };
+        self.step(|st| {
+            st.dev.run(&Op::KvWrite {
+                k: buf(k)?,
+                v: buf(v)?,
+                n,
+                k_dim: cfg.k_dim(),
+                v_dim: cfg.v_dim(),
+                targets: buf(&st.targets)?,
+                targets_offset: il * n,
+                k_cache: st.k_cache,
+                v_cache: st.v_cache,
+            })?;
+            let sinks = sinks.map(|s| OnDevice::vector(st, s)).transpose()?;
+            let ob = ensure(
+                &mut *st.dev,
+                out,
+                n * cfg.n_head * cfg.head_dim_v,
+                "attention's output",
+            )?;
+            st.dev.run(&Op::Attention {
+                q: buf(q)?,
+                n,
+                k_cache: st.k_cache,
+                v_cache: st.v_cache,
+                tables: buf(&st.tables)?,
+                slots: buf(&st.slots)?,
+                slots_offset: il * 3 * n,
+                shape,
+                sinks,
+                out: ob,
+            })
+        });
+    }
+
+    fn add(&mut self, x: &mut DevAct, y: &DevAct, z: Option<&DevAct>) {
+        self.step(|st| {
+            let z = z.map(buf).transpose()?;
+            st.dev.run(&Op::Add {
+                x: buf(x)?,
+                y: buf(y)?,
+                y_len: x.len,
+                z,
+                n: x.len,
+            })
+        });
+    }
+
+    fn ffn(&mut self, layer: &Layer<'_>, h: &DevAct, out: &mut DevAct) {
+        let cfg = &self.model.config;
+        let Ffn::Dense(ffn) = &layer.ffn else {
+            // `context_on` refuses mixtures before a step can reach one.
+            self.err = Some(DeviceError::Failed(
+                "a mixture of experts on the device".into(),
+            ));
+            return;
+        };
+        let pool = self.pool;
+        let kind = cfg.arch.ffn;
+        self.step(|st| {
+            let mut up = std::mem::take(&mut st.up);
+            let mut gate = std::mem::take(&mut st.gate);
+            let r = (|| {
+                match (kind, &ffn.gate) {
+                    (FfnKind::Gelu, _) | (_, None) => {
+                        record_linear(st, pool, &ffn.up, h, &mut up)?;
+                        if kind == FfnKind::Gelu {
+                            let x = buf(&up)?;
+                            st.dev.run(&Op::Unary {
+                                op: Unary::Gelu,
+                                x,
+                                n: up.len,
+                            })?;
+                        }
+                    }
+                    (_, Some(g)) => {
+                        record_linear(st, pool, &ffn.up, h, &mut up)?;
+                        record_linear(st, pool, g, h, &mut gate)?;
+                        let op = match kind {
+                            FfnKind::GeGlu => Glu::Geglu,
+                            FfnKind::SwiGluOai => Glu::SwigluOai,
+                            _ => Glu::Swiglu,
+                        };
+                        st.dev.run(&Op::Glu {
+                            op,
+                            up: buf(&up)?,
+                            gate: buf(&gate)?,
+                            n: up.len,
+                        })?;
+                    }
+                }
+                record_linear(st, pool, &ffn.down, &up, out)?;
+                if let Some(w) = &layer.post_ffn_norm {
+                    let b = buf(out)?;
+                    let (len, e, eps) = (out.len, cfg.n_embd, cfg.norm_eps);
+                    record_norm(st, b, b, len, e, NormOp::Rms, Some(w), 1, None, eps)?;
+                }
+                Ok(())
+            })();
+            (st.up, st.gate) = (up, gate);
+            r
+        });
+    }
+
+    fn gather(&mut self, x: &DevAct, index: &[usize], cols: usize, out: &mut DevAct) {
+        self.step(|st| {
+            let ob = ensure(&mut *st.dev, out, index.len() * cols, "the rows asked for")?;
+            st.dev.run(&Op::Gather {
+                x: buf(x)?,
+                index: buf(&st.index)?,
+                rows: index.len(),
+                cols,
+                out: ob,
+            })
+        });
+    }
+
+    fn softcap(&mut self, x: &mut DevAct, c: f32) {
+        self.step(|st| {
+            st.dev.run(&Op::Unary {
+                op: Unary::Softcap(c),
+                x: buf(x)?,
+                n: x.len,
+            })
+        });
+    }
+
+    fn read(&mut self, x: &mut DevAct) -> Vec<f32> {
+        let mut host = vec![0f32; x.len];
+        self.step(|st| st.dev.read(buf(x)?, 0, &mut host));
+        host
+    }
+}

@@ -1,0 +1,200 @@
+//! The whole forward pass on the device against the CPU's, for every architecture row
+//! and weight format: each model runs on the device (logits within a stated bound of
+//! the CPU's, top-1 equal) or is declined by name — never a silent fall back. On
+//! lavapipe in CI (`scripts/test` installs it).
+
+use llamay_engine::device::Device;
+use llamay_engine::{
+    ARCHITECTURES, BatchToken, Context, ContextParams, KvPrecision, Model, SeqId, Threads,
+};
+use llamay_formats::GgmlType;
+use llamay_gguf::{GgufFile, Model as Gguf};
+use llamay_synth::{ModelFile, Spec};
+use llamay_vulkan::VulkanDevice;
+
+fn device() -> Option<Box<dyn Device>> {
+    match llamay_vulkan::probe().map(|d| d.into_iter().find(|d| d.unusable.is_none())) {
+        Ok(Some(d)) => Some(Box::new(
+            VulkanDevice::open(d.index).expect("open the device"),
+        )),
+        outcome => {
+            let why = match outcome {
+                Ok(_) => "no usable Vulkan device".to_string(),
+                Err(e) => e.to_string(),
+            };
+            let required = std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_some_and(|v| v != "0");
+            assert!(
+                !required,
+                "{why}; scripts/test installs mesa-vulkan-drivers (lavapipe)"
+            );
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+fn params() -> ContextParams {
+    ContextParams {
+        kv_budget_tokens: Some(256),
+        ..ContextParams::new(Threads(2), KvPrecision::F32, 64)
+    }
+}
+
+fn batch(seq: SeqId, tokens: &[u32], pos0: usize) -> Vec<BatchToken> {
+    (tokens.iter().enumerate())
+        .map(|(i, &token)| BatchToken {
+            seq,
+            token,
+            pos: pos0 + i,
+            logits: true,
+        })
+        .collect()
+}
+
+/// A prompt of 20 tokens as one batch, then three one-token steps: every position's
+/// logits.
+fn logits(ctx: &mut Context<'_>, n_vocab: usize) -> Vec<f32> {
+    let s = ctx.new_sequence();
+    let toks: Vec<u32> = (0..23).map(|i| ((i * 37 + 5) % n_vocab) as u32).collect();
+    let mut out = ctx.decode(&batch(s, &toks[..20], 0)).unwrap().values;
+    for (i, &t) in toks[20..].iter().enumerate() {
+        out.extend(ctx.decode(&batch(s, &[t], 20 + i)).unwrap().values);
+    }
+    out
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+/// Bound on |device − CPU| per logit. The matmuls are the CPU's bits, given the same
+/// activation; what differs is the rest of the block: norms sum in f32 (the CPU in
+/// f64), the device's exp/tanh are not libm's, and attention folds its softmax in one
+/// pass per head rather than in the CPU's tiles. Each differs in the last bits of f32,
+/// and a last-bit difference ahead of a Q8_0 activation rounding can flip one rounding
+/// step: that moves these logits (|logit| ≲ 3) by at most a few hundredths.
+const MAX_DIFF: f32 = 0.05;
+
+#[test]
+fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
+    let Some(probe) = device() else { return };
+    eprintln!("device: {}", probe.describe());
+    drop(probe);
+    let formats = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::F32,
+        GgmlType::Q4_K,
+    ];
+    let (mut ran, mut declined, mut worst) = (0, 0, 0f32);
+    for arch in ARCHITECTURES {
+        for (i, &ty) in formats.iter().enumerate() {
+            let spec = Spec {
+                ty,
+                all_optional: i % 2 == 0,
+                seed: 3 + i as u64,
+                ..Spec::new(arch)
+            };
+            let bytes = ModelFile::new(&spec).write().unwrap();
+            let gguf = Gguf::single(GgufFile::parse(&bytes).unwrap());
+            let m = Model::load(&gguf, Threads(2)).unwrap();
+            let dev = device().unwrap();
+            let why = m.device_unsupported(KvPrecision::F32);
+            let declined_matrices = m.device_declined_matrices(&*dev);
+            let what = format!("{} {ty}", arch.name);
+            match m.context_on(params(), dev) {
+                Err(e) => {
+                    // Declined by name: each block feature the device lacks is in the
+                    // refusal, and there is at least one.
+                    assert!(!why.is_empty(), "{what}: refused without a reason: {e}");
+                    let msg = e.to_string();
+                    for w in &why {
+                        assert!(msg.contains(w.as_str()), "{what}: {msg} lacks {w}");
+                    }
+                    declined += 1;
+                    eprintln!("{what:20} declined: {msg}");
+                }
+                Ok(mut on_dev) => {
+                    assert!(why.is_empty(), "{what}: ran though {why:?}");
+                    let n_vocab = m.config().n_vocab;
+                    let mut cpu = m.context(params()).unwrap();
+                    let want = logits(&mut cpu, n_vocab);
+                    let got = logits(&mut on_dev, n_vocab);
+                    assert_eq!(got.len(), want.len());
+                    let mut max = 0f32;
+                    for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
+                        for (a, b) in g.iter().zip(w) {
+                            assert!(a.is_finite(), "{what}: position {p}: {a}");
+                            max = max.max((a - b).abs());
+                        }
+                        // Top-1 equal wherever the CPU's choice is not within the bound
+                        // of a tie.
+                        let top = argmax(w);
+                        let runner = (0..n_vocab)
+                            .filter(|&j| j != top)
+                            .map(|j| w[j])
+                            .fold(f32::MIN, f32::max);
+                        if w[top] - runner > 2.0 * MAX_DIFF {
+                            assert_eq!(argmax(g), top, "{what}: position {p}");
+                        }
+                    }
+                    assert!(
+                        max <= MAX_DIFF,
+                        "{what}: max |device - CPU| {max} over {MAX_DIFF}"
+                    );
+                    worst = worst.max(max);
+                    ran += 1;
+                    // Each declined matrix names its format and why; shown once per reason.
+                    let mut reasons: Vec<&str> = (declined_matrices.iter())
+                        .filter_map(|d| d.split_once(": ").map(|(_, why)| why))
+                        .collect();
+                    reasons.dedup();
+                    eprintln!(
+                        "{what:14} max |diff| {max:.2e}; {} matrices on the CPU {reasons:?}",
+                        declined_matrices.len()
+                    );
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{ran} ran on the device (worst max |diff| {worst:.2e}), {declined} declined by name"
+    );
+    assert!(ran > 0);
+}
+
+/// A decode step with every matrix on the device is one submission and reads back
+/// only the logits.
+#[test]
+fn a_decode_step_is_one_submission_and_reads_only_the_logits() {
+    let Some(dev) = device() else { return };
+    let arch = ARCHITECTURES.iter().find(|a| a.name == "llama").unwrap();
+    let spec = Spec {
+        ty: GgmlType::Q8_0,
+        ..Spec::new(arch)
+    };
+    let bytes = ModelFile::new(&spec).write().unwrap();
+    let gguf = Gguf::single(GgufFile::parse(&bytes).unwrap());
+    let m = Model::load(&gguf, Threads(2)).unwrap();
+    let mut ctx = m.context_on(params(), dev).unwrap();
+    let n_vocab = m.config().n_vocab;
+    let s = ctx.new_sequence();
+    ctx.decode(&batch(s, &[1, 2, 3, 4], 0)).unwrap();
+    for pos in 4..8 {
+        let before = ctx.device_counters().unwrap();
+        let l = ctx.decode(&batch(s, &[pos as u32], pos)).unwrap();
+        let after = ctx.device_counters().unwrap();
+        assert_eq!(l.values.len(), n_vocab);
+        assert_eq!(
+            after.submissions - before.submissions,
+            1,
+            "submissions per step"
+        );
+        assert_eq!(
+            after.bytes_read - before.bytes_read,
+            (n_vocab * 4) as u64,
+            "bytes read back"
+        );
+    }
+}
