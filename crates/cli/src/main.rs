@@ -4,6 +4,7 @@
 mod chat;
 mod cmd;
 mod constrain;
+mod device;
 mod generate;
 mod logits_file;
 mod out;

@@ -152,10 +152,10 @@ impl Model<'_> {
         let c = &self.config;
         let rows = ctx.kv.page_budget().max(1) * PAGE;
         let k_cache = dev
-            .alloc(rows * c.k_dim(), "the KV cache's keys")
+            .alloc(rows * c.k_dim(), "the KV cache's keys (-c sizes it)")
             .map_err(failed)?;
         let v_cache = dev
-            .alloc(rows * c.v_dim(), "the KV cache's values")
+            .alloc(rows * c.v_dim(), "the KV cache's values (-c sizes it)")
             .map_err(failed)?;
         ctx.kv.contents_on_device();
         ctx.device = Some(Box::new(DeviceState {

@@ -1,5 +1,6 @@
 #version 450
-// out[t][r] = W[r] · A[t] for a weight format paired with Q8_0 activations (Q8_0,
+// out[t][r] = W[r] · A[t] (rows `rows` of a matrix whose output rows are `o_stride`
+// long: a matrix larger than one binding runs in parts) for a weight format paired with Q8_0 activations (Q8_0,
 // Q4_0, Q5_0; the format is chosen at compile time: -DW_Q8_0, -DW_Q4_0, -DW_Q5_0).
 // W stays in the file's block layout. Per block the integer sum is exact; the blocks
 // are folded in order, acc += (dw * da) * sumi without contraction, as llamay's
@@ -27,7 +28,8 @@ layout(push_constant) uniform P {
     uint cols;
     uint n;
     uint w_offset; // bytes
-    uint o_offset; // floats
+    uint o_offset; // floats: where row 0 of token 0 goes
+    uint o_stride; // floats between tokens' outputs (all the matrix's rows)
 } p;
 
 // The signed integer weight of element j of the block at byte offset `blk`.
@@ -68,5 +70,5 @@ void main() {
         precise float prod = scale * float(sumi);
         acc = acc + prod;
     }
-    o[p.o_offset + t * p.rows + r] = acc;
+    o[p.o_offset + t * p.o_stride + r] = acc;
 }

@@ -59,7 +59,7 @@ impl VulkanDevice {
         let dummy = self.dummy;
         match *op {
             Op::Matmul { w, x, n, out, bias } => {
-                let m = *self.matrices.get(w.id as usize).ok_or_else(|| {
+                let m = self.matrices.get(w.id as usize).cloned().ok_or_else(|| {
                     VulkanError::Shape(format!("matrix {} is not on this device", w.id))
                 })?;
                 let mut q = self.q8_for(n, m.cols)?;

@@ -68,7 +68,7 @@ impl Kernel {
         let matmul = |spirv| KernelSpec {
             spirv,
             buffers: 4,
-            push_words: 5,
+            push_words: 6,
             local_size: 64,
         };
         match self {

@@ -41,10 +41,12 @@ pub fn declines(ty: GgmlType) -> Option<String> {
 }
 
 /// A weight matrix on the device, in its file's block format: `rows` outputs of
-/// `cols` inputs.
-#[derive(Clone, Copy, Debug)]
+/// `cols` inputs, in parts of consecutive rows where one buffer cannot hold it all
+/// (a binding is at most `maxStorageBufferRange`: 128 MiB on lavapipe).
+#[derive(Clone, Debug)]
 pub struct DeviceMatrix {
-    pub buf: BufferId,
+    /// (buffer, rows) in row order.
+    pub parts: Vec<(BufferId, usize)>,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
@@ -97,10 +99,25 @@ impl Gpu {
                 bytes.len()
             )));
         }
-        let buf = self.buffer(bytes.len() as u64, &format!("tensor '{name}'"))?;
-        self.write(buf, 0, bytes)?;
+        let row_bytes = bytes.len() / rows.max(1);
+        let per_part = (self.max_buffer_bytes() as usize / row_bytes.max(1)).max(1);
+        let mut parts = Vec::new();
+        for (i, chunk) in bytes.chunks(per_part * row_bytes).enumerate() {
+            let what = format!("tensor '{name}' (rows from {})", i * per_part);
+            let part = self.buffer(chunk.len() as u64, &what);
+            let part = part.and_then(|b| self.write(b, 0, chunk).map(|()| b));
+            match part {
+                Ok(b) => parts.push((b, chunk.len() / row_bytes)),
+                Err(e) => {
+                    for (b, _) in parts {
+                        self.free(b)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
         Ok(DeviceMatrix {
-            buf,
+            parts,
             ty,
             rows,
             cols,
@@ -178,15 +195,21 @@ impl Gpu {
             )));
         }
         let spec = w.kernel.spec();
-        let push = [
-            u32_of(w.rows)?,
-            u32_of(w.cols)?,
-            u32_of(a.n)?,
-            0,
-            u32_of(o_offset)?,
-        ];
-        let groups = [Gpu::groups(w.rows, spec.local_size)?, u32_of(a.n)?, 1];
-        self.dispatch(w.kernel, &[w.buf, a.scales, a.quants, out], &push, groups)
+        let mut row0 = 0;
+        for &(buf, rows) in &w.parts {
+            let push = [
+                u32_of(rows)?,
+                u32_of(w.cols)?,
+                u32_of(a.n)?,
+                0,
+                u32_of(o_offset + row0)?,
+                u32_of(w.rows)?,
+            ];
+            let groups = [Gpu::groups(rows, spec.local_size)?, u32_of(a.n)?, 1];
+            self.dispatch(w.kernel, &[buf, a.scales, a.quants, out], &push, groups)?;
+            row0 += rows;
+        }
+        Ok(())
     }
 }
 

@@ -148,7 +148,7 @@ fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
                     "{ty} n={n}: output {i}: device {g}, CPU {w}"
                 );
             }
-            for b in [dm.buf, xb, out, q.scales, q.quants] {
+            for b in [dm.parts[0].0, xb, out, q.scales, q.quants] {
                 gpu.free(b)?;
             }
         }

@@ -23,6 +23,8 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// Prompt tokens of the pp test (0: no pp test).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: usize,
@@ -194,7 +196,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             kv_budget_tokens: Some(n_ctx + n_prompt + n_gen + 2 * PAGE),
             ..ContextParams::new(threads, kv, n_ctx)
         };
-        let mut ctx = model.context(params)?;
+        let mut ctx = args.device.context(&model, params)?;
         let mut tokens = |n: usize| {
             let mut v: Vec<u32> = (0..n).map(|_| rng.below(n_vocab) as u32).collect();
             if let (Some(b), Some(t)) = (bos, v.first_mut()) {

@@ -26,6 +26,8 @@ pub struct Args {
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
+    device: crate::device::DeviceArg,
+    #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
     constraint: ConstraintArgs,
@@ -400,7 +402,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let draft_file = speculate::open_draft_file(&args.sampling)?;
     let draft_params = speculate::DraftParams::new(&args.sampling, threads, kv, n_ctx)?;
     let draft = speculate::Draft::load(draft_file.as_ref(), draft_params, &tok)?;
-    let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
+    let mut ctx = args
+        .device
+        .context(&model, ContextParams::new(threads, kv, n_ctx))?;
     let interactive = std::io::stdin().is_terminal();
     catch_ctrl_c();
     if interactive {

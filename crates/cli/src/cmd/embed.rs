@@ -16,6 +16,8 @@ use std::path::PathBuf;
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// Texts to embed (one embedding each).
     #[arg(short = 'p', long = "prompt", value_name = "TEXT", num_args = 1..)]
     prompts: Vec<String>,
@@ -60,6 +62,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let job = Encode {
         model: &args.model,
+        device: &args.device,
         threads: args.threads,
         ctx_size: args.ctx_size,
     };
@@ -97,6 +100,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// Loading an encoder and running texts through it: what `embed` and `rerank` share.
 pub(crate) struct Encode<'a> {
     pub model: &'a ModelArg,
+    pub device: &'a crate::device::DeviceArg,
     pub threads: Option<usize>,
     pub ctx_size: Option<usize>,
 }
@@ -121,7 +125,7 @@ impl Encode<'_> {
         // attend over their own f32 keys and values).
         let mut params = ContextParams::new(threads, KvPrecision::F32, n_ctx);
         params.kv_budget_tokens = Some(embed_kv_budget(n_ctx));
-        let mut ctx = model.context(params)?;
+        let mut ctx = self.device.context(&model, params)?;
         let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
         Ok(ctx.embed(&refs, pooling)?)
     }

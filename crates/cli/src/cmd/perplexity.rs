@@ -19,6 +19,8 @@ use std::path::PathBuf;
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// Text file to score (not with --kl-divergence: the base file holds the tokens).
     #[arg(short = 'f', long, required_unless_present = "kl_divergence")]
     file: Option<PathBuf>,
@@ -123,7 +125,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
     };
 
-    let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
+    let mut ctx = args
+        .device
+        .context(&model, ContextParams::new(threads, kv, n_ctx))?;
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
     let mut out = std::io::stdout().lock();
     for i in 0..n_chunk {
@@ -196,7 +200,9 @@ fn kl_divergence(
         "kl-divergence: {n_chunk} chunks of {n_ctx} from {}",
         base.display()
     );
-    let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
+    let mut ctx = args
+        .device
+        .context(&model, ContextParams::new(threads, kv, n_ctx))?;
     let mut kld = Kld::default();
     let mut out = std::io::stdout().lock();
     writeln!(

@@ -15,6 +15,8 @@ use std::io::Write;
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// The query every document is scored against.
     #[arg(short = 'q', long)]
     query: String,
@@ -34,6 +36,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let job = Encode {
         model: &args.model,
+        device: &args.device,
         threads: args.threads,
         ctx_size: args.ctx_size,
     };

@@ -19,6 +19,8 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// Prompt text.
     #[arg(short = 'p', long, conflicts_with = "file")]
     prompt: Option<String>,
@@ -110,7 +112,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let draft_params = speculate::DraftParams::new(&args.sampling, threads, kv, n_ctx)?;
     let draft = speculate::Draft::load(draft_file.as_ref(), draft_params, &tok)?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let mut ctx = model.context(ContextParams::new(threads, kv, n_ctx))?;
+    let mut ctx = args
+        .device
+        .context(&model, ContextParams::new(threads, kv, n_ctx))?;
     generate(
         &mut ctx,
         &tok,
