@@ -202,7 +202,7 @@ fn kl_divergence(
     );
     let mut ctx = args
         .device
-        .context(&model, ContextParams::new(threads, kv, n_ctx))?;
+        .context(model, ContextParams::new(threads, kv, n_ctx))?;
     let mut kld = Kld::default();
     let mut out = std::io::stdout().lock();
     writeln!(
