@@ -388,6 +388,11 @@ impl std::fmt::Display for SeqId {
 pub enum KvError {
     #[error("sequence {0} does not exist in this context")]
     UnknownSequence(SeqId),
+    /// The pages' contents live on a device, and snapshots read them on the host.
+    #[error(
+        "snapshots of a device's KV pages are not built yet: save and load sequences in a CPU context"
+    )]
+    OnDevice,
     #[error(
         "sequence {seq}: cannot roll back to position {pos}: its sliding-window layers released positions before {held_from} (fork a sequence before decoding past the point you want to return to)"
     )]
@@ -898,6 +903,9 @@ impl KvPool {
     /// each page's key and value bytes (as stored: little-endian on every target
     /// llamay builds for).
     pub(crate) fn pages_of(&self, s: SeqId) -> Result<LayerPages<'_>, KvError> {
+        if self.on_device() {
+            return Err(KvError::OnDevice);
+        }
         let seq = self.seq(s)?;
         let len = seq.tokens.len();
         Ok((seq.tables.iter().enumerate())

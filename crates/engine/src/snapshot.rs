@@ -161,6 +161,9 @@ impl Context<'_> {
 
     /// Reads a snapshot into a new sequence of this context; on error nothing changed.
     pub fn load_sequence(&mut self, bytes: &[u8]) -> Result<SeqId, SnapshotError> {
+        if self.kv.on_device() {
+            return Err(SnapshotError::Kv(KvError::OnDevice));
+        }
         if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             return Err(SnapshotError::NotASnapshot);
         }

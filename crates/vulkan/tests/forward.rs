@@ -198,3 +198,54 @@ fn a_decode_step_is_one_submission_and_reads_only_the_logits() {
         );
     }
 }
+
+/// Fork (shared pages, copy on write at the first write), truncate and redecode on the
+/// device give what they give on the CPU; snapshots of device pages are refused by
+/// name.
+#[test]
+fn fork_truncate_and_copy_on_write_work_with_device_pages() {
+    let Some(dev) = device() else { return };
+    let arch = ARCHITECTURES.iter().find(|a| a.name == "gemma3").unwrap();
+    let spec = Spec {
+        ty: GgmlType::Q8_0,
+        ..Spec::new(arch)
+    };
+    let bytes = ModelFile::new(&spec).write().unwrap();
+    let gguf = Gguf::single(GgufFile::parse(&bytes).unwrap());
+    let m = Model::load(&gguf, Threads(2)).unwrap();
+    let n_vocab = m.config().n_vocab;
+    let p = ContextParams {
+        kv_budget_tokens: Some(512),
+        ..ContextParams::new(Threads(2), KvPrecision::F32, 128)
+    };
+    // 70 tokens (past the first page), fork, one token on each branch (the fork's
+    // first write copies the shared last page), then the original cut back to 66 (within what its sliding window keeps for a
+    // rollback) and given
+    // another token.
+    let script = |ctx: &mut Context<'_>| -> Vec<f32> {
+        let toks: Vec<u32> = (0..70).map(|i| ((i * 13 + 1) % n_vocab) as u32).collect();
+        ctx.kv_mut().keep_for_rollback(8);
+        let a = ctx.new_sequence();
+        ctx.decode(&batch(a, &toks, 0)).unwrap();
+        let b = ctx.kv_mut().fork(a).unwrap();
+        let mut out = ctx.decode(&batch(b, &[3], 70)).unwrap().values;
+        out.extend(ctx.decode(&batch(a, &[5], 70)).unwrap().values);
+        ctx.kv_mut().truncate(a, 66).unwrap();
+        out.extend(ctx.decode(&batch(a, &[7, 8], 66)).unwrap().values);
+        out.extend(ctx.decode(&batch(b, &[9], 71)).unwrap().values);
+        out
+    };
+    let want = script(&mut m.context(p).unwrap());
+    let mut on_dev = m.context_on(p, dev).unwrap();
+    let got = script(&mut on_dev);
+    let max = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(max <= MAX_DIFF, "max |device - CPU| {max}");
+    let s = on_dev.new_sequence();
+    on_dev.decode(&batch(s, &[1], 0)).unwrap();
+    let e = on_dev.save_sequence(s).unwrap_err().to_string();
+    assert!(e.contains("device") && e.contains("CPU context"), "{e}");
+}
