@@ -63,7 +63,8 @@ impl VulkanDevice {
                     VulkanError::Shape(format!("matrix {} is not on this device", w.id))
                 })?;
                 let mut q = self.q8_for(n, m.cols)?;
-                self.gpu.quantize_q8_0(b(x), 0, n, m.cols, &mut q)?;
+                self.gpu
+                    .quantize(m.ty.vec_dot_type(), b(x), 0, n, m.cols, &mut q)?;
                 self.gpu.matmul(&m, &q, b(out), 0)?;
                 if let Some(bias) = bias {
                     let push = [u32_of(n * m.rows)?, u32_of(m.rows)?, 0];

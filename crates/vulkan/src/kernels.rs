@@ -13,6 +13,14 @@ pub enum Kernel {
     MatmulQ4_0,
     /// Q5_0 weights.
     MatmulQ5_0,
+    /// f32 rows to Q8_K (`quantize_q8_k.comp`).
+    QuantizeQ8K,
+    /// K-quant weights times Q8_K activations (`matmul_k.comp -DW_Q?_K`).
+    MatmulQ2K,
+    MatmulQ3K,
+    MatmulQ4K,
+    MatmulQ5K,
+    MatmulQ6K,
     /// RMSNorm / LayerNorm of rows (`norm.comp`).
     Norm,
     /// Rotary embedding in place (`rope.comp`).
@@ -39,11 +47,17 @@ pub(crate) struct KernelSpec {
     pub local_size: u32,
 }
 
-pub(crate) const ALL: [Kernel; 11] = [
+pub(crate) const ALL: [Kernel; 17] = [
     Kernel::QuantizeQ8_0,
     Kernel::MatmulQ8_0,
     Kernel::MatmulQ4_0,
     Kernel::MatmulQ5_0,
+    Kernel::QuantizeQ8K,
+    Kernel::MatmulQ2K,
+    Kernel::MatmulQ3K,
+    Kernel::MatmulQ4K,
+    Kernel::MatmulQ5K,
+    Kernel::MatmulQ6K,
     Kernel::Norm,
     Kernel::Rope,
     Kernel::Add,
@@ -81,6 +95,12 @@ impl Kernel {
             Kernel::MatmulQ8_0 => matmul(include_bytes!("../shaders/spv/matmul_q8_0.spv")),
             Kernel::MatmulQ4_0 => matmul(include_bytes!("../shaders/spv/matmul_q4_0.spv")),
             Kernel::MatmulQ5_0 => matmul(include_bytes!("../shaders/spv/matmul_q5_0.spv")),
+            Kernel::QuantizeQ8K => plain(include_bytes!("../shaders/spv/quantize_q8_k.spv"), 3, 2),
+            Kernel::MatmulQ2K => matmul(include_bytes!("../shaders/spv/matmul_q2_k.spv")),
+            Kernel::MatmulQ3K => matmul(include_bytes!("../shaders/spv/matmul_q3_k.spv")),
+            Kernel::MatmulQ4K => matmul(include_bytes!("../shaders/spv/matmul_q4_k.spv")),
+            Kernel::MatmulQ5K => matmul(include_bytes!("../shaders/spv/matmul_q5_k.spv")),
+            Kernel::MatmulQ6K => matmul(include_bytes!("../shaders/spv/matmul_q6_k.spv")),
             Kernel::Norm => plain(include_bytes!("../shaders/spv/norm.spv"), 4, 7),
             Kernel::Rope => plain(include_bytes!("../shaders/spv/rope.spv"), 2, 5),
             Kernel::Add => plain(include_bytes!("../shaders/spv/add.spv"), 3, 3),

@@ -12,6 +12,11 @@ const WEIGHT_KERNELS: &[(GgmlType, Kernel)] = &[
     (GgmlType::Q8_0, Kernel::MatmulQ8_0),
     (GgmlType::Q4_0, Kernel::MatmulQ4_0),
     (GgmlType::Q5_0, Kernel::MatmulQ5_0),
+    (GgmlType::Q2_K, Kernel::MatmulQ2K),
+    (GgmlType::Q3_K, Kernel::MatmulQ3K),
+    (GgmlType::Q4_K, Kernel::MatmulQ4K),
+    (GgmlType::Q5_K, Kernel::MatmulQ5K),
+    (GgmlType::Q6_K, Kernel::MatmulQ6K),
 ];
 
 /// The weight formats the device runs, in words: "Q8_0 Q4_0 Q5_0".
@@ -53,10 +58,13 @@ pub struct DeviceMatrix {
     kernel: Kernel,
 }
 
-/// Activation rows quantised to Q8_0 on the device: per block of 32 the f16-rounded
-/// scale (as f32) and the 32 values packed four to a word.
+/// Activation rows quantised on the device to a weight's dot type: Q8_0 (per block of
+/// 32 the f16-rounded scale, as f32) or Q8_K (per block of 256 its f32 scale), the
+/// values packed four to a word.
 #[derive(Clone, Copy, Debug)]
 pub struct Q8Rows {
+    /// Q8_0 or Q8_K: what the last quantisation wrote.
+    pub ty: GgmlType,
     pub scales: BufferId,
     pub quants: BufferId,
     /// Blocks the buffers hold.
@@ -134,6 +142,7 @@ impl Gpu {
         }
         let blocks = n * cols / 32;
         Ok(Q8Rows {
+            ty: GgmlType::Q8_0,
             scales: self.buffer(blocks as u64 * 4, "Q8_0 activation scales")?,
             quants: self.buffer(blocks as u64 * 32, "Q8_0 activations")?,
             capacity: blocks,
@@ -143,7 +152,7 @@ impl Gpu {
     }
 
     /// Records the quantisation of `n` rows of `cols` f32 values (starting at value
-    /// `x_offset` of `x`) into `out`.
+    /// `x_offset` of `x`) to Q8_0 into `out`.
     pub fn quantize_q8_0(
         &mut self,
         x: BufferId,
@@ -152,23 +161,43 @@ impl Gpu {
         cols: usize,
         out: &mut Q8Rows,
     ) -> Result<(), VulkanError> {
-        let blocks = n * cols / 32;
-        if !cols.is_multiple_of(32) || blocks > out.capacity {
+        self.quantize(GgmlType::Q8_0, x, x_offset, n, cols, out)
+    }
+
+    /// Records the quantisation of `n` rows of `cols` f32 values to `ty` (Q8_0 or
+    /// Q8_K: a weight's dot type) into `out`.
+    pub fn quantize(
+        &mut self,
+        ty: GgmlType,
+        x: BufferId,
+        x_offset: usize,
+        n: usize,
+        cols: usize,
+        out: &mut Q8Rows,
+    ) -> Result<(), VulkanError> {
+        let (block, kernel) = match ty {
+            GgmlType::Q8_0 => (32, Kernel::QuantizeQ8_0),
+            GgmlType::Q8_K => (256, Kernel::QuantizeQ8K),
+            _ => {
+                return Err(VulkanError::Shape(format!(
+                    "{ty} activations: the device quantises to Q8_0 and Q8_K"
+                )));
+            }
+        };
+        // Capacity counts blocks of 32: a Q8_K block needs 8 of them in the quants
+        // buffer and one scale.
+        if !cols.is_multiple_of(block) || n * cols / 32 > out.capacity {
             return Err(VulkanError::Shape(format!(
-                "{n} rows of {cols} do not fit Q8_0 buffers of {} blocks",
-                out.capacity
+                "{n} rows of {cols} do not fit {ty} buffers of {} values",
+                out.capacity * 32
             )));
         }
-        let spec = Kernel::QuantizeQ8_0.spec();
+        let blocks = n * cols / block;
+        let spec = kernel.spec();
         let push = [u32_of(blocks)?, u32_of(x_offset)?];
         let groups = Gpu::groups(blocks, spec.local_size)?;
-        self.dispatch(
-            Kernel::QuantizeQ8_0,
-            &[x, out.scales, out.quants],
-            &push,
-            [groups, 1, 1],
-        )?;
-        (out.n, out.cols) = (n, cols);
+        self.dispatch(kernel, &[x, out.scales, out.quants], &push, [groups, 1, 1])?;
+        (out.ty, out.n, out.cols) = (ty, n, cols);
         Ok(())
     }
 
@@ -181,6 +210,14 @@ impl Gpu {
         out: BufferId,
         o_offset: usize,
     ) -> Result<(), VulkanError> {
+        if a.ty != w.ty.vec_dot_type() {
+            return Err(VulkanError::Shape(format!(
+                "a {} matrix times {} activations (it reads {})",
+                w.ty,
+                a.ty,
+                w.ty.vec_dot_type()
+            )));
+        }
         if a.cols != w.cols {
             return Err(VulkanError::Shape(format!(
                 "a matrix of {} columns times activations of {}",

@@ -72,22 +72,33 @@ fn argmax(v: &[f32]) -> usize {
 /// f64), the device's exp/tanh are not libm's, and attention folds its softmax in one
 /// pass per head rather than in the CPU's tiles. Each differs in the last bits of f32,
 /// and a last-bit difference ahead of a Q8_0 activation rounding can flip one rounding
-/// step: that moves these logits (|logit| ≲ 3) by at most a few hundredths.
-const MAX_DIFF: f32 = 0.05;
+/// step, and what that step moves grows with the format's coarseness: measured up to
+/// 0.031 on the 4- to 8-bit formats and 0.061 on Q2_K (these logits span about ±3),
+/// while the mean stays at or under 0.005 (qwen3 Q4_K) (most positions differ in the last bits only).
+const MAX_DIFF: f32 = 0.1;
+const MEAN_DIFF: f32 = 0.01;
 
 #[test]
 fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
     let Some(probe) = device() else { return };
     eprintln!("device: {}", probe.describe());
     drop(probe);
+    // Every format the device runs, and the float ones it declines for now: those
+    // matrices run on the CPU, the rest of the block on the device.
     let formats = [
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
-        GgmlType::F32,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
     ];
-    let (mut ran, mut declined, mut worst) = (0, 0, 0f32);
+    let (mut ran, mut declined, mut worst, mut worst_mean) = (0, 0, 0f32, 0f32);
     for arch in ARCHITECTURES {
         for (i, &ty) in formats.iter().enumerate() {
             let spec = Spec {
@@ -122,11 +133,12 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
                     let want = logits(&mut cpu, n_vocab);
                     let got = logits(&mut on_dev, n_vocab);
                     assert_eq!(got.len(), want.len());
-                    let mut max = 0f32;
+                    let (mut max, mut sum) = (0f32, 0f64);
                     for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
                         for (a, b) in g.iter().zip(w) {
                             assert!(a.is_finite(), "{what}: position {p}: {a}");
                             max = max.max((a - b).abs());
+                            sum += f64::from((a - b).abs());
                         }
                         // Top-1 equal wherever the CPU's choice is not within the bound
                         // of a tie.
@@ -139,11 +151,17 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
                             assert_eq!(argmax(g), top, "{what}: position {p}");
                         }
                     }
+                    let mean = (sum / got.len() as f64) as f32;
                     assert!(
                         max <= MAX_DIFF,
                         "{what}: max |device - CPU| {max} over {MAX_DIFF}"
                     );
+                    assert!(
+                        mean <= MEAN_DIFF,
+                        "{what}: mean |device - CPU| {mean} over {MEAN_DIFF}"
+                    );
                     worst = worst.max(max);
+                    worst_mean = worst_mean.max(mean);
                     ran += 1;
                     // Each declined matrix names its format and why; shown once per reason.
                     let mut reasons: Vec<&str> = (declined_matrices.iter())
@@ -151,7 +169,7 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
                         .collect();
                     reasons.dedup();
                     eprintln!(
-                        "{what:14} max |diff| {max:.2e}; {} matrices on the CPU {reasons:?}",
+                        "{what:14} max |diff| {max:.2e} mean {mean:.2e}; {} matrices on the CPU {reasons:?}",
                         declined_matrices.len()
                     );
                 }
@@ -159,7 +177,7 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
         }
     }
     eprintln!(
-        "{ran} ran on the device (worst max |diff| {worst:.2e}), {declined} declined by name"
+        "{ran} ran on the device (worst max |diff| {worst:.2e}, worst mean {worst_mean:.2e}), {declined} declined by name"
     );
     assert!(ran > 0);
 }

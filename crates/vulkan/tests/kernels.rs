@@ -103,7 +103,22 @@ fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
     let Some(mut gpu) = gpu() else { return Ok(()) };
     let pool = ThreadPool::new(1);
     let (rows, cols) = (70, 320);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
+        let (rows, cols) = if ty.block_size() == 256 {
+            (70, 512)
+        } else {
+            (rows, cols)
+        };
+        let dot = ty.vec_dot_type();
         for n in [1, 3] {
             let w = activations(rows * cols, 11 + ty.id() as u64);
             let wq = llamay_formats::quantize(ty, &w).expect("a written type");
@@ -112,7 +127,7 @@ fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
             let xb = gpu.buffer((x.len() * 4) as u64, "x")?;
             gpu.write(xb, 0, &f32_bytes(&x))?;
             let mut q = gpu.q8_rows(n, cols)?;
-            gpu.quantize_q8_0(xb, 0, n, cols, &mut q)?;
+            gpu.quantize(dot, xb, 0, n, cols, &mut q)?;
             // Output at an offset, to prove the offset is honoured.
             let out = gpu.buffer(((8 + n * rows) * 4) as u64, "out")?;
             gpu.matmul(&dm, &q, out, 8)?;
@@ -120,16 +135,12 @@ fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
             gpu.read_f32(out, 8, &mut got)?;
 
             let mut a = QuantizedRows {
-                ty: GgmlType::Q8_0,
+                ty: dot,
                 cols,
                 n,
-                data: vec![0u8; n * cols / 32 * 34],
+                data: vec![0u8; n * dot.bytes_for(cols as u64).unwrap() as usize],
             };
-            assert!(llamay_kernels::quantize_row(
-                GgmlType::Q8_0,
-                &x,
-                &mut a.data
-            ));
+            assert!(llamay_kernels::quantize_row(dot, &x, &mut a.data));
             let mut want = vec![0f32; n * rows];
             llamay_kernels::matmul_with(
                 KernelSet::Portable,
@@ -188,11 +199,11 @@ fn work_is_submitted_once_per_flush_and_declines_name_the_format() -> Result<(),
         "{err}"
     );
     let err = gpu
-        .upload_matrix("output.weight", GgmlType::Q6_K, 1, 256, &[0; 210])
+        .upload_matrix("output.weight", GgmlType::BF16, 1, 256, &[0; 512])
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("output.weight") && err.contains("Q6_K") && err.contains("Q4_0"),
+        err.contains("output.weight") && err.contains("BF16") && err.contains("Q4_K"),
         "{err}"
     );
     Ok(())
