@@ -24,6 +24,10 @@ pub(crate) trait Backend {
     /// the operation that writes it (every value overwritten).
     type Act: Default;
 
+    /// Most rows the output head computes at once (the forward pass runs it in runs of
+    /// this many: a device's buffer for one run's logits has a size limit).
+    const HEAD_ROWS: usize;
+
     /// `x = rows` (host values: the batch's embedding rows).
     fn load(&mut self, rows: Vec<f32>, x: &mut Self::Act);
 
@@ -76,8 +80,16 @@ pub(crate) trait Backend {
     /// its post-FFN norm.
     fn ffn(&mut self, layer: &Layer<'_>, h: &Self::Act, out: &mut Self::Act);
 
-    /// Rows `index` of `x` (`cols` values each), in that order.
-    fn gather(&mut self, x: &Self::Act, index: &[usize], cols: usize, out: &mut Self::Act);
+    /// Rows `index[run]` of `x` (`cols` values each), in that order (the step's whole
+    /// `index` is what a device uploaded at its start).
+    fn gather(
+        &mut self,
+        x: &Self::Act,
+        index: &[usize],
+        run: std::ops::Range<usize>,
+        cols: usize,
+        out: &mut Self::Act,
+    );
 
     /// `x ↦ c·tanh(x/c)` on every value.
     fn softcap(&mut self, x: &mut Self::Act, c: f32);

@@ -208,6 +208,7 @@ pub(crate) struct Cpu<'s, 'm> {
 
 impl Backend for Cpu<'_, '_> {
     type Act = Vec<f32>;
+    const HEAD_ROWS: usize = usize::MAX;
 
     fn load(&mut self, rows: Vec<f32>, x: &mut Vec<f32>) {
         *x = rows;
@@ -307,9 +308,16 @@ impl Backend for Cpu<'_, '_> {
         std::mem::swap(out, &mut s.dense.down);
     }
 
-    fn gather(&mut self, x: &Vec<f32>, index: &[usize], cols: usize, out: &mut Vec<f32>) {
+    fn gather(
+        &mut self,
+        x: &Vec<f32>,
+        index: &[usize],
+        run: std::ops::Range<usize>,
+        cols: usize,
+        out: &mut Vec<f32>,
+    ) {
         out.clear();
-        for &i in index {
+        for &i in &index[run] {
             out.extend_from_slice(&x[i * cols..(i + 1) * cols]);
         }
     }

@@ -44,7 +44,7 @@ pub enum NormOp {
 /// An element-wise step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Unary {
-    /// GELU (tanh form) through f16, as ggml's table computes it.
+    /// GELU (tanh form) through f16: ggml's table (see `Op::Unary`).
     Gelu,
     /// `c·tanh(x/c)`.
     Softcap(f32),
@@ -106,21 +106,27 @@ pub enum Op {
         z: Option<DeviceBuf>,
         n: usize,
     },
+    /// `table`: ggml's f16 GELU table for `Gelu` (65536 f16 values, two to a word, the
+    /// low half first), looked up as the CPU looks it up.
     Unary {
         op: Unary,
         x: DeviceBuf,
         n: usize,
+        table: Option<DeviceBuf>,
     },
+    /// `table`: as for `Unary`, for `Geglu`.
     Glu {
         op: Glu,
         up: DeviceBuf,
         gate: DeviceBuf,
         n: usize,
+        table: Option<DeviceBuf>,
     },
-    /// `out[r] = x[index[r]]` for `rows` rows of `cols`.
+    /// `out[r] = x[index[index_offset + r]]` for `rows` rows of `cols`.
     Gather {
         x: DeviceBuf,
         index: DeviceBuf,
+        index_offset: usize,
         rows: usize,
         cols: usize,
         out: DeviceBuf,

@@ -354,18 +354,33 @@ fn forward<B: Backend>(
         }
     }
 
-    b.gather(&s.x, index, e, &mut s.rows);
-    if let Some(n) = &model.weights.output_norm {
-        b.norm(&mut s.rows, n, arch.norm, eps, e);
+    // The head in runs of at most `B::HEAD_ROWS` rows: a device holds one run's
+    // logits in a buffer of its own size limit (the CPU takes them all at once).
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < index.len() {
+        let rows = start..index.len().min(start + B::HEAD_ROWS);
+        start = rows.end;
+        b.gather(&s.x, index, rows, e, &mut s.rows);
+        if let Some(n) = &model.weights.output_norm {
+            b.norm(&mut s.rows, n, arch.norm, eps, e);
+        }
+        let values = if head == Head::Hidden {
+            b.read(&mut s.rows)
+        } else {
+            b.linears(&[&model.weights.output], &s.rows, &mut [&mut s.logits]);
+            if let Some(c) = cfg.final_softcap {
+                b.softcap(&mut s.logits, c);
+            }
+            b.read(&mut s.logits)
+        };
+        if out.is_empty() {
+            out = values;
+        } else {
+            out.extend_from_slice(&values);
+        }
     }
-    if head == Head::Hidden {
-        return b.read(&mut s.rows);
-    }
-    b.linears(&[&model.weights.output], &s.rows, &mut [&mut s.logits]);
-    if let Some(c) = cfg.final_softcap {
-        b.softcap(&mut s.logits, c);
-    }
-    b.read(&mut s.logits)
+    out
 }
 
 /// What a batch's flagged tokens give back.

@@ -40,6 +40,8 @@ pub(crate) struct DeviceState {
     /// The KV pool's pages: `budget × PAGE` rows of k_dim (v_dim) f32 values.
     k_cache: DeviceBuf,
     v_cache: DeviceBuf,
+    /// ggml's f16 GELU table (see `Op::Unary`).
+    gelu: DeviceBuf,
     /// The forward pass's rows (taken out while a step runs).
     pub(crate) scratch: Scratch<DevAct>,
     up: DevAct,
@@ -157,6 +159,12 @@ impl Model<'_> {
         let v_cache = dev
             .alloc(rows * c.v_dim(), "the KV cache's values (-c sizes it)")
             .map_err(failed)?;
+        let table = crate::ops::gelu_table();
+        let words: Vec<u32> = (table.chunks(2))
+            .map(|p| u32::from(p[0]) | u32::from(p[1]) << 16)
+            .collect();
+        let gelu = dev.alloc(words.len(), "the GELU table").map_err(failed)?;
+        dev.write_u32(gelu, 0, &words).map_err(failed)?;
         ctx.kv.contents_on_device();
         ctx.device = Some(Box::new(DeviceState {
             dev,
@@ -164,6 +172,7 @@ impl Model<'_> {
             vectors,
             k_cache,
             v_cache,
+            gelu,
             scratch: Scratch::default(),
             up: DevAct::default(),
             gate: DevAct::default(),
@@ -410,6 +419,9 @@ fn record_linear(
 
 impl Backend for OnDevice<'_, '_> {
     type Act = DevAct;
+    /// 32 rows of a 262144-token vocabulary's logits are 32 MiB: within every device's
+    /// binding limit (lavapipe's is 128 MiB).
+    const HEAD_ROWS: usize = 32;
 
     fn load(&mut self, rows: Vec<f32>, x: &mut DevAct) {
         self.step(|st| {
@@ -609,6 +621,7 @@ impl Backend for OnDevice<'_, '_> {
                                 op: Unary::Gelu,
                                 x,
                                 n: up.len,
+                                table: Some(st.gelu),
                             })?;
                         }
                     }
@@ -625,6 +638,7 @@ impl Backend for OnDevice<'_, '_> {
                             up: buf(&up)?,
                             gate: buf(&gate)?,
                             n: up.len,
+                            table: Some(st.gelu),
                         })?;
                     }
                 }
@@ -641,13 +655,21 @@ impl Backend for OnDevice<'_, '_> {
         });
     }
 
-    fn gather(&mut self, x: &DevAct, index: &[usize], cols: usize, out: &mut DevAct) {
+    fn gather(
+        &mut self,
+        x: &DevAct,
+        _index: &[usize],
+        run: std::ops::Range<usize>,
+        cols: usize,
+        out: &mut DevAct,
+    ) {
         self.step(|st| {
-            let ob = ensure(&mut *st.dev, out, index.len() * cols, "the rows asked for")?;
+            let ob = ensure(&mut *st.dev, out, run.len() * cols, "the rows asked for")?;
             st.dev.run(&Op::Gather {
                 x: buf(x)?,
                 index: buf(&st.index)?,
-                rows: index.len(),
+                index_offset: run.start,
+                rows: run.len(),
                 cols,
                 out: ob,
             })
@@ -660,6 +682,7 @@ impl Backend for OnDevice<'_, '_> {
                 op: Unary::Softcap(c),
                 x: buf(x)?,
                 n: x.len,
+                table: None,
             })
         });
     }

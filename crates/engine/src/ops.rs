@@ -56,6 +56,12 @@ static GELU_F16: std::sync::LazyLock<Vec<u16>> = std::sync::LazyLock::new(|| {
         .collect()
 });
 
+/// ggml's GELU table: `f16(gelu_tanh(h))` for every f16 bit pattern `h` (what a device
+/// looks GELU up in, so that it gives the CPU's values exactly).
+pub(crate) fn gelu_table() -> &'static [u16] {
+    &GELU_F16
+}
+
 /// GELU (tanh form) as ggml's CPU backend computes it: through an f16 lookup table,
 /// i.e. the input rounded to f16 and the result rounded to f16, exact outside ±10.
 /// The element-wise reference of [`gelu_slice`].

@@ -1,8 +1,10 @@
 #version 450
 // Attention of one query head of one token over its sequence's cached positions, one
-// invocation each: scores q.k * scale (soft-capped where the row says), an online
-// softmax (running max, running sum, output rescaled when the max grows), a sink
-// logit joining the denominator at the end where the layer has sinks (gpt-oss).
+// workgroup each: the positions in tiles of 64 (each invocation one position's score,
+// q.k * scale, soft-capped where the row says), then every invocation folds the tile's
+// scores in order into the same online softmax (running max, running sum) and
+// accumulates its own dimensions of the output (d = lane, lane + 64, ...). A sink logit
+// joins the denominator at the end where the layer has sinks (gpt-oss).
 // Position p of a sequence lives at cache row tables[offset + p / PAGE] * PAGE + p % PAGE.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
@@ -25,15 +27,20 @@ layout(push_constant) uniform P {
 } p;
 
 const uint PAGE = 64u;
-const uint MAX_HV = 512u;
+const uint TILE = 64u;
+// Value dimensions per invocation: heads of up to 8 * 64 = 512.
+const uint PER_LANE = 8u;
+
+shared float scores[TILE];
+
+uint cache_row(uint offset, uint pos) {
+    return tables[offset + pos / PAGE] * PAGE + pos % PAGE;
+}
 
 void main() {
-    uint i = gl_GlobalInvocationID.x;
-    if (i >= p.n * p.n_head) {
-        return;
-    }
-    uint t = i / p.n_head;
-    uint h = i % p.n_head;
+    uint h = gl_WorkGroupID.x;
+    uint t = gl_WorkGroupID.y;
+    uint lane = gl_LocalInvocationID.x;
     uint kvh = h / (p.n_head / p.n_head_kv);
     uint offset = slots[p.s_offset + 3u * t];
     uint first = slots[p.s_offset + 3u * t + 1u];
@@ -41,44 +48,61 @@ void main() {
     uint kd = p.n_head_kv * p.hk;
     uint vd = p.n_head_kv * p.hv;
     uint qb = t * p.n_head * p.hk + h * p.hk;
-    float acc[MAX_HV];
-    for (uint d = 0u; d < p.hv; d++) {
-        acc[d] = 0.0;
+    float neg_inf = uintBitsToFloat(0xFF800000u);
+    float acc[PER_LANE];
+    for (uint i = 0u; i < PER_LANE; i++) {
+        acc[i] = 0.0;
     }
-    float m = -1.0 / 0.0;
+    float m = neg_inf;
     float l = 0.0;
-    for (uint pos = first; pos < end; pos++) {
-        uint row = tables[offset + pos / PAGE] * PAGE + pos % PAGE;
-        uint kb = row * kd + kvh * p.hk;
-        float s = 0.0;
-        for (uint d = 0u; d < p.hk; d++) {
-            s += q[qb + d] * kc[kb + d];
+    for (uint base = first; base < end; base += TILE) {
+        uint pos = base + lane;
+        float s = neg_inf;
+        if (pos < end) {
+            uint kb = cache_row(offset, pos) * kd + kvh * p.hk;
+            s = 0.0;
+            for (uint d = 0u; d < p.hk; d++) {
+                s += q[qb + d] * kc[kb + d];
+            }
+            s *= p.scale;
+            if (p.softcap > 0.0) {
+                s = p.softcap * tanh(s / p.softcap);
+            }
         }
-        s *= p.scale;
-        if (p.softcap > 0.0) {
-            s = p.softcap * tanh(s / p.softcap);
+        scores[lane] = s;
+        barrier();
+        uint count = min(TILE, end - base);
+        for (uint j = 0u; j < count; j++) {
+            float sj = scores[j];
+            float m2 = max(m, sj);
+            float corr = exp(m - m2);
+            float e = exp(sj - m2);
+            l = l * corr + e;
+            uint vb = cache_row(offset, base + j) * vd + kvh * p.hv;
+            for (uint i = 0u; i < PER_LANE; i++) {
+                uint d = lane + TILE * i;
+                if (d < p.hv) {
+                    acc[i] = acc[i] * corr + e * vc[vb + d];
+                }
+            }
+            m = m2;
         }
-        float m2 = max(m, s);
-        float corr = exp(m - m2);
-        float e = exp(s - m2);
-        l = l * corr + e;
-        uint vb = row * vd + kvh * p.hv;
-        for (uint d = 0u; d < p.hv; d++) {
-            acc[d] = acc[d] * corr + e * vc[vb + d];
-        }
-        m = m2;
+        barrier();
     }
     if (p.has_sinks == 1u) {
         float sk = sinks[h];
         float m2 = max(m, sk);
         float corr = exp(m - m2);
         l = l * corr + exp(sk - m2);
-        for (uint d = 0u; d < p.hv; d++) {
-            acc[d] *= corr;
+        for (uint i = 0u; i < PER_LANE; i++) {
+            acc[i] *= corr;
         }
     }
     uint ob = t * p.n_head * p.hv + h * p.hv;
-    for (uint d = 0u; d < p.hv; d++) {
-        o[ob + d] = acc[d] / l;
+    for (uint i = 0u; i < PER_LANE; i++) {
+        uint d = lane + TILE * i;
+        if (d < p.hv) {
+            o[ob + d] = acc[i] / l;
+        }
     }
 }

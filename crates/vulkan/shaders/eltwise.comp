@@ -1,5 +1,5 @@
 #version 450
-// Element-wise steps: GELU (through f16 as ggml's table), soft-cap, and the gated
+// Element-wise steps: GELU (ggml's f16 table, looked up), soft-cap, and the gated
 // ones up <- f(up, gate): SwiGLU, GeGLU, gpt-oss's clipped SwiGLU.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -7,6 +7,8 @@
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer G { float g[]; };
+// ggml's GELU table: f16(gelu(h)) for every f16 h, two to a word (the CPU's values).
+layout(std430, binding = 2) readonly buffer T { uint table[]; };
 layout(push_constant) uniform P {
     uint n;
     uint op;  // 0 gelu, 1 softcap, 2 swiglu, 3 geglu, 4 swiglu_oai
@@ -20,9 +22,8 @@ float gelu_f16(float v) {
     if (v >= 10.0) {
         return v;
     }
-    float h = f16_to_f32(f32_to_f16(v));
-    float y = 0.5 * h * (1.0 + tanh(0.7978846 * h * (1.0 + 0.044715 * h * h)));
-    return f16_to_f32(f32_to_f16(y));
+    uint h = f32_to_f16(v);
+    return f16_to_f32((table[h >> 1] >> ((h & 1u) * 16u)) & 0xFFFFu);
 }
 
 void main() {

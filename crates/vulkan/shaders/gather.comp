@@ -1,5 +1,5 @@
 #version 450
-// out[r] = x[index[r]] for rows of `cols` values; one invocation per value.
+// out[r] = x[index[index_offset + r]] for rows of `cols` values; one invocation per value.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer I { uint index[]; };
@@ -7,6 +7,7 @@ layout(std430, binding = 2) writeonly buffer O { float o[]; };
 layout(push_constant) uniform P {
     uint rows;
     uint cols;
+    uint index_offset;
 } p;
 
 void main() {
@@ -15,5 +16,5 @@ void main() {
         return;
     }
     uint r = i / p.cols;
-    o[i] = x[index[r] * p.cols + i % p.cols];
+    o[i] = x[index[p.index_offset + r] * p.cols + i % p.cols];
 }

@@ -128,31 +128,43 @@ impl VulkanDevice {
                 let push = [u32_of(n)?, u32_of(y_len)?, u32::from(z.is_some())];
                 self.eltwise_dispatch(Kernel::Add, &[b(x), b(y), opt(z, dummy)], &push, n)
             }
-            Op::Unary { op, x, n } => {
+            Op::Unary { op, x, n, table } => {
                 let (code, c) = match op {
                     Unary::Gelu => (0, 0.0f32),
                     Unary::Softcap(c) => (1, c),
                 };
                 let push = [u32_of(n)?, code, c.to_bits()];
-                self.eltwise_dispatch(Kernel::Eltwise, &[b(x), dummy], &push, n)
+                self.eltwise_dispatch(Kernel::Eltwise, &[b(x), dummy, opt(table, dummy)], &push, n)
             }
-            Op::Glu { op, up, gate, n } => {
+            Op::Glu {
+                op,
+                up,
+                gate,
+                n,
+                table,
+            } => {
                 let code = match op {
                     Glu::Swiglu => 2,
                     Glu::Geglu => 3,
                     Glu::SwigluOai => 4,
                 };
                 let push = [u32_of(n)?, code, 0];
-                self.eltwise_dispatch(Kernel::Eltwise, &[b(up), b(gate)], &push, n)
+                self.eltwise_dispatch(
+                    Kernel::Eltwise,
+                    &[b(up), b(gate), opt(table, dummy)],
+                    &push,
+                    n,
+                )
             }
             Op::Gather {
                 x,
                 index,
+                index_offset,
                 rows,
                 cols,
                 out,
             } => {
-                let push = [u32_of(rows)?, u32_of(cols)?];
+                let push = [u32_of(rows)?, u32_of(cols)?, u32_of(index_offset)?];
                 self.eltwise_dispatch(
                     Kernel::Gather,
                     &[b(x), b(index), b(out)],
@@ -218,7 +230,9 @@ impl VulkanDevice {
                     opt(sinks, dummy),
                     b(out),
                 ];
-                self.eltwise_dispatch(Kernel::Attention, &bufs, &push, n * shape.n_head)
+                // A workgroup per (head, token).
+                let groups = [u32_of(shape.n_head)?, u32_of(n)?, 1];
+                self.gpu.dispatch(Kernel::Attention, &bufs, &push, groups)
             }
         }
     }

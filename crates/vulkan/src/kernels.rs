@@ -104,8 +104,8 @@ impl Kernel {
             Kernel::Norm => plain(include_bytes!("../shaders/spv/norm.spv"), 4, 7),
             Kernel::Rope => plain(include_bytes!("../shaders/spv/rope.spv"), 2, 5),
             Kernel::Add => plain(include_bytes!("../shaders/spv/add.spv"), 3, 3),
-            Kernel::Eltwise => plain(include_bytes!("../shaders/spv/eltwise.spv"), 2, 3),
-            Kernel::Gather => plain(include_bytes!("../shaders/spv/gather.spv"), 3, 2),
+            Kernel::Eltwise => plain(include_bytes!("../shaders/spv/eltwise.spv"), 3, 3),
+            Kernel::Gather => plain(include_bytes!("../shaders/spv/gather.spv"), 3, 3),
             Kernel::KvWrite => plain(include_bytes!("../shaders/spv/kv_write.spv"), 5, 4),
             Kernel::Attention => plain(include_bytes!("../shaders/spv/attention.spv"), 7, 9),
         }
