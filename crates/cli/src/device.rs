@@ -54,6 +54,14 @@ impl DeviceArg {
     /// The device the choice names, opened; `None` for the CPU. A named device that
     /// cannot be opened is an error; `auto` without a GPU is the CPU, said in one line.
     pub fn open(&self) -> anyhow::Result<Option<Box<dyn Device>>> {
+        let Some(index) = self.resolve()? else {
+            return Ok(None);
+        };
+        Ok(Some(open_vulkan(index)?))
+    }
+
+    /// The Vulkan device index the choice comes to, or `None` for the CPU.
+    pub fn resolve(&self) -> anyhow::Result<Option<usize>> {
         let choice = self.choice()?;
         let index = match choice {
             Choice::Cpu => return Ok(None),
@@ -85,9 +93,7 @@ impl DeviceArg {
                 }
             }
         };
-        let dev = llamay_vulkan::VulkanDevice::open(index)
-            .with_context(|| format!("--device vulkan:{index}"))?;
-        Ok(Some(Box::new(dev)))
+        Ok(Some(index))
     }
 
     /// A context for `model` on the chosen device (the CPU where none is chosen).
@@ -101,6 +107,13 @@ impl DeviceArg {
             Some(dev) => context_on(model, params, dev),
         }
     }
+}
+
+/// Opens Vulkan device `index`.
+pub fn open_vulkan(index: usize) -> anyhow::Result<Box<dyn Device>> {
+    let dev = llamay_vulkan::VulkanDevice::open(index)
+        .with_context(|| format!("--device vulkan:{index}"))?;
+    Ok(Box::new(dev))
 }
 
 /// A context on `dev`, announced in one line (with what stays on the CPU), or an error

@@ -61,6 +61,14 @@ pub enum Glu {
     SwigluOai,
 }
 
+/// What a device's KV pages hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheType {
+    F32,
+    /// f16 rounded to nearest even, two to a word; the query rounded to f16 for Q·K.
+    F16,
+}
+
 /// One step of a block over device buffers; offsets and lengths count values.
 #[derive(Clone, Copy, Debug)]
 pub enum Op {
@@ -144,6 +152,7 @@ pub enum Op {
         targets_offset: usize,
         k_cache: DeviceBuf,
         v_cache: DeviceBuf,
+        cache: CacheType,
     },
     /// Attention of `n` query rows over their sequences' cached positions.
     /// `slots[slots_offset + 3t..][..3]` is token t's (page-table offset, first position seen, end),
@@ -154,6 +163,7 @@ pub enum Op {
         n: usize,
         k_cache: DeviceBuf,
         v_cache: DeviceBuf,
+        cache: CacheType,
         tables: DeviceBuf,
         slots: DeviceBuf,
         /// Where this layer's slots start in `slots`.

@@ -11,7 +11,7 @@ use crate::attention::Slot;
 use crate::backend::Backend;
 use crate::context::{Context, ContextError, ContextParams};
 use crate::device::{
-    AttentionShape, Device, DeviceBuf, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
+    AttentionShape, CacheType, Device, DeviceBuf, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
 };
 use crate::forward::Scratch;
 use crate::kv::{KvPool, KvPrecision, PAGE, SeqId, first_seen};
@@ -40,6 +40,7 @@ pub(crate) struct DeviceState {
     /// The KV pool's pages: `budget × PAGE` rows of k_dim (v_dim) f32 values.
     k_cache: DeviceBuf,
     v_cache: DeviceBuf,
+    cache: CacheType,
     /// ggml's f16 GELU table (see `Op::Unary`).
     gelu: DeviceBuf,
     /// The forward pass's rows (taken out while a step runs).
@@ -56,6 +57,15 @@ pub(crate) struct DeviceState {
     index: DevAct,
     /// The CPU's share: matrices the device declined.
     act: QuantizedRows,
+}
+
+/// What the device's pages hold for a context's KV precision (`None`: not on a device).
+fn cache_type(kv: KvPrecision) -> Option<CacheType> {
+    match kv {
+        KvPrecision::F32 => Some(CacheType::F32),
+        KvPrecision::F16 => Some(CacheType::F16),
+        _ => None,
+    }
 }
 
 /// Why a model does not run on a device, before anything is placed there.
@@ -81,9 +91,9 @@ impl Model<'_> {
         {
             why.push("a mixture of experts: the device has no expert routing yet".into());
         }
-        if kv != KvPrecision::F32 {
+        if cache_type(kv).is_none() {
             why.push(format!(
-                "a {} KV cache: the device's pages hold f32 (--kv f32)",
+                "a {} KV cache: the device's pages hold f32 or f16 (--kv f32, --kv f16)",
                 kv.name()
             ));
         }
@@ -152,12 +162,21 @@ impl Model<'_> {
             vectors.insert(key, buf);
         }
         let c = &self.config;
+        let cache = cache_type(p.kv).expect("refused above");
+        // f16 pages: two values a word.
+        let per_word = if cache == CacheType::F16 { 2 } else { 1 };
         let rows = ctx.kv.page_budget().max(1) * PAGE;
         let k_cache = dev
-            .alloc(rows * c.k_dim(), "the KV cache's keys (-c sizes it)")
+            .alloc(
+                rows * c.k_dim() / per_word,
+                "the KV cache's keys (-c sizes it)",
+            )
             .map_err(failed)?;
         let v_cache = dev
-            .alloc(rows * c.v_dim(), "the KV cache's values (-c sizes it)")
+            .alloc(
+                rows * c.v_dim() / per_word,
+                "the KV cache's values (-c sizes it)",
+            )
             .map_err(failed)?;
         let table = crate::ops::gelu_table();
         let words: Vec<u32> = (table.chunks(2))
@@ -172,6 +191,7 @@ impl Model<'_> {
             vectors,
             k_cache,
             v_cache,
+            cache,
             gelu,
             scratch: Scratch::default(),
             up: DevAct::default(),
@@ -274,9 +294,10 @@ impl<'s, 'm> OnDevice<'s, 'm> {
         let n_layer = cfg.n_layer;
         let n = plan.slots.len();
         let dev = &mut *st.dev;
+        let per_word = if st.cache == CacheType::F16 { 2 } else { 1 };
         for (from, to) in kv.take_copies() {
             let (f, t) = (from as usize * PAGE, to as usize * PAGE);
-            let (kd, vd) = (cfg.k_dim(), cfg.v_dim());
+            let (kd, vd) = (cfg.k_dim() / per_word, cfg.v_dim() / per_word);
             dev.copy(st.k_cache, f * kd, st.k_cache, t * kd, PAGE * kd)?;
             dev.copy(st.v_cache, f * vd, st.v_cache, t * vd, PAGE * vd)?;
         }
@@ -561,6 +582,7 @@ impl Backend for OnDevice<'_, '_> {
                 targets_offset: il * n,
                 k_cache: st.k_cache,
                 v_cache: st.v_cache,
+                cache: st.cache,
             })?;
             let sinks = sinks.map(|s| OnDevice::vector(st, s)).transpose()?;
             let ob = ensure(
@@ -574,6 +596,7 @@ impl Backend for OnDevice<'_, '_> {
                 n,
                 k_cache: st.k_cache,
                 v_cache: st.v_cache,
+                cache: st.cache,
                 tables: buf(&st.tables)?,
                 slots: buf(&st.slots)?,
                 slots_offset: il * 3 * n,

@@ -27,6 +27,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use registry::Registry;
+pub use scheduler::DeviceOpener;
 use scheduler::EngineConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How `llamay serve` was started (cli.md).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServeConfig {
     pub host: String,
     pub port: u16,
@@ -54,6 +55,8 @@ pub struct ServeConfig {
     pub keep_alive: Option<Duration>,
     /// `--preload`: load every `-m` model at start (`/health` is 503 until then).
     pub preload: bool,
+    /// `--device`: where loaded models run (`None`: the CPU).
+    pub device: Option<scheduler::DeviceOpener>,
 }
 
 /// What every handler sees.
@@ -138,7 +141,8 @@ pub fn run(config: ServeConfig) -> anyhow::Result<()> {
         config.engine,
         config.chat_template.clone(),
         config.keep_alive,
-    );
+    )
+    .with_device(config.device.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -2,7 +2,7 @@
 //! `/api/copy`, and the model store's references; each loaded on first use and kept
 //! until its keep-alive runs out.
 
-use crate::scheduler::{EngineConfig, Scheduler};
+use crate::scheduler::{DeviceOpener, EngineConfig, Scheduler};
 use llamay_engine::Model;
 use llamay_hub::Store;
 use llamay_template::ChatFormat;
@@ -83,6 +83,8 @@ pub struct Registry {
     chat_template: Option<String>,
     /// `--keep-alive`: for requests that give none.
     keep_alive: Option<Duration>,
+    /// `--device`: where loaded models run (`None`: the CPU).
+    device: Option<DeviceOpener>,
 }
 
 /// `X:latest` and `X` are one name, as Ollama treats them.
@@ -107,7 +109,14 @@ impl Registry {
             engine,
             chat_template,
             keep_alive,
+            device: None,
         }
+    }
+
+    /// Loaded models run on the device `open` opens (`serve --device`).
+    pub fn with_device(mut self, open: Option<DeviceOpener>) -> Self {
+        self.device = open;
+        self
     }
 
     /// The keep-alive of requests that give none.
@@ -227,10 +236,12 @@ impl Registry {
         let template = self.chat_template.clone();
         let (p, n) = (path.clone(), name.to_string());
         let keep = self.keep_alive;
-        let loaded =
-            tokio::task::spawn_blocking(move || load(&p, &n, engine, template.as_deref(), keep))
-                .await
-                .unwrap_or_else(|e| Err(format!("the loader stopped: {e}")));
+        let device = self.device.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            load(&p, &n, engine, device.as_ref(), template.as_deref(), keep)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the loader stopped: {e}")));
         self.loading
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         let loaded = Arc::new(loaded.map_err(|why| ModelError::Load {
@@ -313,6 +324,7 @@ fn load(
     path: &Path,
     name: &str,
     engine: EngineConfig,
+    device: Option<&DeviceOpener>,
     chat_template: Option<&str>,
     keep_alive: Option<Duration>,
 ) -> Result<Loaded, String> {
@@ -335,7 +347,7 @@ fn load(
     drop(mapped);
     let model = Model::open(path, engine.threads).map_err(|e| e.to_string())?;
     let tok = Arc::new(tok);
-    let scheduler = Scheduler::start(Arc::new(model), tok.clone(), engine)?;
+    let scheduler = Scheduler::start(Arc::new(model), tok.clone(), engine, device)?;
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let l = Loaded {
         path: path.to_path_buf(),

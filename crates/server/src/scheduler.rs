@@ -133,6 +133,11 @@ pub struct Summary {
     pub tokens: Vec<u32>,
 }
 
+/// Opens the device a loaded model runs on (`serve --device`): called once per model
+/// load, on the loading thread.
+pub type DeviceOpener =
+    Arc<dyn Fn() -> Result<Box<dyn llamay_engine::device::Device>, String> + Send + Sync>;
+
 /// How a scheduler is set up.
 #[derive(Clone, Copy, Debug)]
 pub struct EngineConfig {
@@ -193,6 +198,7 @@ impl Scheduler {
         model: Arc<Model<'static>>,
         tok: Arc<Tokenizer>,
         config: EngineConfig,
+        device: Option<&DeviceOpener>,
     ) -> Result<Scheduler, String> {
         let n_ctx = config.n_ctx;
         let arch = model.config().arch;
@@ -203,6 +209,24 @@ impl Scheduler {
             .context(ContextParams::new(Threads(1), config.kv, n_ctx))
             .map_err(|e| e.to_string())?;
         drop(probe);
+        // The device is opened here, and what it does not run refused here, by name; it
+        // is placed (weights, pages) on the engine thread, which says when it is ready.
+        let device = match device {
+            Some(open) => {
+                let why = model.device_unsupported(config.kv);
+                let dev = open()?;
+                if !why.is_empty() {
+                    return Err(format!(
+                        "{} does not run this model: {}",
+                        dev.describe(),
+                        why.join("; ")
+                    ));
+                }
+                Some(dev)
+            }
+            None => None,
+        };
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (tx, rx) = mpsc::channel();
         let gauges = Arc::new(Gauges::default());
         let g = gauges.clone();
@@ -218,10 +242,20 @@ impl Scheduler {
                     }
                 }
                 let _stopped = Stopped(g.clone());
-                let mut engine = Engine::new(&model, &tok, config, g);
-                engine.run(rx);
+                match Engine::new(&model, &tok, config, g, device) {
+                    Ok(mut engine) => {
+                        let _ = ready_tx.send(Ok(()));
+                        engine.run(rx);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+        ready_rx
+            .recv()
+            .map_err(|_| "the engine thread ended before it was ready".to_string())??;
         Ok(Scheduler {
             jobs: Mutex::new(tx),
             gauges,
@@ -348,7 +382,8 @@ impl<'m, 't> Engine<'m, 't> {
         tok: &'t Tokenizer,
         config: EngineConfig,
         gauges: Arc<Gauges>,
-    ) -> Self {
+        device: Option<Box<dyn llamay_engine::device::Device>>,
+    ) -> Result<Self, String> {
         let mut p = ContextParams::new(config.threads, config.kv, config.n_ctx);
         // `--parallel` full sequences, and a page per sequence for forks' first copies.
         p.kv_budget_tokens = Some(
@@ -356,10 +391,14 @@ impl<'m, 't> Engine<'m, 't> {
                 .parallel
                 .saturating_mul(config.n_ctx + llamay_engine::PAGE),
         );
-        let mut ctx = model.context(p).expect("checked in Scheduler::start");
+        let mut ctx = match device {
+            None => model.context(p),
+            Some(dev) => model.context_on(p, dev),
+        }
+        .map_err(|e| e.to_string())?;
         // A rejected draft is cut from the cache after its batch.
         ctx.kv_mut().keep_for_rollback(config.max_draft);
-        Engine {
+        Ok(Engine {
             ctx,
             tok,
             config,
@@ -369,7 +408,7 @@ impl<'m, 't> Engine<'m, 't> {
             embeds: VecDeque::new(),
             idle: Vec::new(),
             trie: None,
-        }
+        })
     }
 
     fn run(&mut self, rx: mpsc::Receiver<Work>) {

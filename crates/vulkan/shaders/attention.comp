@@ -6,10 +6,25 @@
 // accumulates its own dimensions of the output (d = lane, lane + 64, ...). A sink logit
 // joins the denominator at the end where the layer has sinks (gpt-oss).
 // Position p of a sequence lives at cache row tables[offset + p / PAGE] * PAGE + p % PAGE.
+// With -DKV_F16 the cache holds f16 (two to a word) and the query is rounded to f16
+// for Q.K, as the CPU's f16 cache computes it; products and sums stay f32.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
+#ifdef KV_F16
+layout(std430, binding = 1) readonly buffer KC { uint kc[]; };
+layout(std430, binding = 2) readonly buffer VC { uint vc[]; };
+float key_at(uint i) { return f16_to_f32((kc[i >> 1] >> ((i & 1u) * 16u)) & 0xFFFFu); }
+float value_at(uint i) { return f16_to_f32((vc[i >> 1] >> ((i & 1u) * 16u)) & 0xFFFFu); }
+float query_at(uint i);
+#else
 layout(std430, binding = 1) readonly buffer KC { float kc[]; };
 layout(std430, binding = 2) readonly buffer VC { float vc[]; };
+float key_at(uint i) { return kc[i]; }
+float value_at(uint i) { return vc[i]; }
+#endif
 layout(std430, binding = 3) readonly buffer T { uint tables[]; };
 layout(std430, binding = 4) readonly buffer S { uint slots[]; };
 layout(std430, binding = 5) readonly buffer SK { float sinks[]; };
@@ -25,6 +40,12 @@ layout(push_constant) uniform P {
     uint has_sinks;
     uint s_offset;  // where this layer's slots start (in values)
 } p;
+
+#ifdef KV_F16
+float query_at(uint i) { return f16_to_f32(f32_to_f16(q[i])); }
+#else
+float query_at(uint i) { return q[i]; }
+#endif
 
 const uint PAGE = 64u;
 const uint TILE = 64u;
@@ -62,7 +83,7 @@ void main() {
             uint kb = cache_row(offset, pos) * kd + kvh * p.hk;
             s = 0.0;
             for (uint d = 0u; d < p.hk; d++) {
-                s += q[qb + d] * kc[kb + d];
+                s += query_at(qb + d) * key_at(kb + d);
             }
             s *= p.scale;
             if (p.softcap > 0.0) {
@@ -82,7 +103,7 @@ void main() {
             for (uint i = 0u; i < PER_LANE; i++) {
                 uint d = lane + TILE * i;
                 if (d < p.hv) {
-                    acc[i] = acc[i] * corr + e * vc[vb + d];
+                    acc[i] = acc[i] * corr + e * value_at(vb + d);
                 }
             }
             m = m2;

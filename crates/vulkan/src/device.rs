@@ -6,7 +6,7 @@ use crate::gpu::{BufferId, Gpu};
 use crate::kernels::Kernel;
 use crate::ops::{self, DeviceMatrix as VkMatrix, Q8Rows};
 use llamay_engine::device::{
-    Device, DeviceBuf, DeviceCounters, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
+    CacheType, Device, DeviceBuf, DeviceCounters, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
 };
 use llamay_formats::GgmlType;
 
@@ -182,6 +182,7 @@ impl VulkanDevice {
                 targets_offset,
                 k_cache,
                 v_cache,
+                cache,
             } => {
                 let push = [
                     u32_of(n)?,
@@ -190,13 +191,19 @@ impl VulkanDevice {
                     u32_of(targets_offset)?,
                 ];
                 let bufs = [b(k), b(v), b(targets), b(k_cache), b(v_cache)];
-                self.eltwise_dispatch(Kernel::KvWrite, &bufs, &push, n * k_dim.max(v_dim))
+                // f16 pages: an invocation per pair of values (a whole word).
+                let (kernel, items) = match cache {
+                    CacheType::F32 => (Kernel::KvWrite, n * k_dim.max(v_dim)),
+                    CacheType::F16 => (Kernel::KvWriteF16, n * k_dim.max(v_dim) / 2),
+                };
+                self.eltwise_dispatch(kernel, &bufs, &push, items)
             }
             Op::Attention {
                 q,
                 n,
                 k_cache,
                 v_cache,
+                cache,
                 tables,
                 slots,
                 slots_offset,
@@ -232,7 +239,11 @@ impl VulkanDevice {
                 ];
                 // A workgroup per (head, token).
                 let groups = [u32_of(shape.n_head)?, u32_of(n)?, 1];
-                self.gpu.dispatch(Kernel::Attention, &bufs, &push, groups)
+                let kernel = match cache {
+                    CacheType::F32 => Kernel::Attention,
+                    CacheType::F16 => Kernel::AttentionF16,
+                };
+                self.gpu.dispatch(kernel, &bufs, &push, groups)
             }
         }
     }

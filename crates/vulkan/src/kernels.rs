@@ -31,10 +31,12 @@ pub enum Kernel {
     Eltwise,
     /// Rows by index (`gather.comp`).
     Gather,
-    /// Keys and values into the cache (`kv_write.comp`).
+    /// Keys and values into the cache (`kv_write.comp`), f32 or f16 pages.
     KvWrite,
-    /// Attention over the paged cache (`attention.comp`).
+    KvWriteF16,
+    /// Attention over the paged cache (`attention.comp`), f32 or f16 pages.
     Attention,
+    AttentionF16,
 }
 
 pub(crate) struct KernelSpec {
@@ -47,7 +49,7 @@ pub(crate) struct KernelSpec {
     pub local_size: u32,
 }
 
-pub(crate) const ALL: [Kernel; 17] = [
+pub(crate) const ALL: [Kernel; 19] = [
     Kernel::QuantizeQ8_0,
     Kernel::MatmulQ8_0,
     Kernel::MatmulQ4_0,
@@ -64,7 +66,9 @@ pub(crate) const ALL: [Kernel; 17] = [
     Kernel::Eltwise,
     Kernel::Gather,
     Kernel::KvWrite,
+    Kernel::KvWriteF16,
     Kernel::Attention,
+    Kernel::AttentionF16,
 ];
 
 impl Kernel {
@@ -107,7 +111,9 @@ impl Kernel {
             Kernel::Eltwise => plain(include_bytes!("../shaders/spv/eltwise.spv"), 3, 3),
             Kernel::Gather => plain(include_bytes!("../shaders/spv/gather.spv"), 3, 3),
             Kernel::KvWrite => plain(include_bytes!("../shaders/spv/kv_write.spv"), 5, 4),
+            Kernel::KvWriteF16 => plain(include_bytes!("../shaders/spv/kv_write_f16.spv"), 5, 4),
             Kernel::Attention => plain(include_bytes!("../shaders/spv/attention.spv"), 7, 9),
+            Kernel::AttentionF16 => plain(include_bytes!("../shaders/spv/attention_f16.spv"), 7, 9),
         }
     }
 }

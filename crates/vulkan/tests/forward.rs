@@ -34,9 +34,13 @@ fn device() -> Option<Box<dyn Device>> {
 }
 
 fn params() -> ContextParams {
+    params_with(KvPrecision::F32)
+}
+
+fn params_with(kv: KvPrecision) -> ContextParams {
     ContextParams {
         kv_budget_tokens: Some(256),
-        ..ContextParams::new(Threads(2), KvPrecision::F32, 64)
+        ..ContextParams::new(Threads(2), kv, 64)
     }
 }
 
@@ -111,10 +115,16 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
             let gguf = Gguf::single(GgufFile::parse(&bytes).unwrap());
             let m = Model::load(&gguf, Threads(2)).unwrap();
             let dev = device().unwrap();
-            let why = m.device_unsupported(KvPrecision::F32);
+            // The f16 cache on every other format (the CPU's f16 cache beside it).
+            let kv = if i % 2 == 1 {
+                KvPrecision::F16
+            } else {
+                KvPrecision::F32
+            };
+            let why = m.device_unsupported(kv);
             let declined_matrices = m.device_declined_matrices(&*dev);
-            let what = format!("{} {ty}", arch.name);
-            match m.context_on(params(), dev) {
+            let what = format!("{} {ty} {}", arch.name, kv.name());
+            match m.context_on(params_with(kv), dev) {
                 Err(e) => {
                     // Declined by name: each block feature the device lacks is in the
                     // refusal, and there is at least one.
@@ -124,12 +134,12 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
                         assert!(msg.contains(w.as_str()), "{what}: {msg} lacks {w}");
                     }
                     declined += 1;
-                    eprintln!("{what:20} declined: {msg}");
+                    eprintln!("{what:18} declined: {msg}");
                 }
                 Ok(mut on_dev) => {
                     assert!(why.is_empty(), "{what}: ran though {why:?}");
                     let n_vocab = m.config().n_vocab;
-                    let mut cpu = m.context(params()).unwrap();
+                    let mut cpu = m.context(params_with(kv)).unwrap();
                     let want = logits(&mut cpu, n_vocab);
                     let got = logits(&mut on_dev, n_vocab);
                     assert_eq!(got.len(), want.len());
@@ -169,7 +179,7 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
                         .collect();
                     reasons.dedup();
                     eprintln!(
-                        "{what:14} max |diff| {max:.2e} mean {mean:.2e}; {} matrices on the CPU {reasons:?}",
+                        "{what:18} max |diff| {max:.2e} mean {mean:.2e}; {} matrices on the CPU {reasons:?}",
                         declined_matrices.len()
                     );
                 }

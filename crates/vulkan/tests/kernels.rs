@@ -269,6 +269,7 @@ fn attention_over_pages_equals_a_plain_softmax() -> Result<(), llamay_engine::de
             n,
             k_cache: kb,
             v_cache: vb,
+            cache: llamay_engine::device::CacheType::F32,
             tables: tb,
             slots: slb,
             slots_offset: 0,

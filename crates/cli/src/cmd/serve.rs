@@ -9,6 +9,8 @@ use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// A GGUF file to serve (repeatable); named by the --alias after it, else its stem.
     #[arg(short = 'm', long = "model", value_name = "PATH")]
     models: Vec<PathBuf>,
@@ -205,6 +207,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         })?
         .flatten(),
         preload: args.preload,
+        device: match args.device.resolve()? {
+            None => None,
+            Some(index) => {
+                // Opened once here so that a device that cannot open fails at start.
+                let probe = crate::device::open_vulkan(index)?;
+                eprintln!("device: {} (each loaded model runs there)", probe.describe());
+                drop(probe);
+                let open: llamay_server::DeviceOpener = std::sync::Arc::new(move || {
+                    crate::device::open_vulkan(index).map_err(|e| format!("{e:#}"))
+                });
+                Some(open)
+            }
+        },
     };
     llamay_server::run(config)
 }
