@@ -1239,3 +1239,60 @@ fn serve_reranks_with_a_cross_encoder() {
     );
     assert_eq!(st, 400, "{v}");
 }
+
+/// `serve --device vulkan` (Mesa's lavapipe under the test command): requests sent
+/// together equal each alone, greedy and seeded — the device path is batch-invariant
+/// too (each row's matmul, norm and attention depend on that row alone) — and its
+/// answers are the CPU's text where the logits' margins allow (not asserted: the
+/// device's last bits differ, see crates/vulkan/tests/forward.rs).
+#[test]
+fn serve_on_the_vulkan_device_is_batch_invariant() {
+    let Some(g) = gemma() else { return };
+    match llamay_vulkan::probe() {
+        Ok(d) if d.iter().any(|d| d.unusable.is_none()) => {}
+        other => {
+            assert!(
+                std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_none(),
+                "no Vulkan device ({:?}); scripts/test installs lavapipe",
+                other.err()
+            );
+            eprintln!("skipped: no Vulkan device");
+            return;
+        }
+    }
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--parallel",
+        "3",
+        "-c",
+        "256",
+        "--device",
+        "vulkan",
+    ]);
+    let log = s.log.lock().unwrap().clone();
+    assert!(log.contains("device: ") && log.contains("Vulkan"), "{log}");
+    let requests: Vec<Value> = vec![
+        greedy("The capital of France is", 12),
+        greedy("Once upon a time,", 10),
+        json!({"model": "gemma", "prompt": "A poem about rain:", "raw": true, "stream": false,
+               "options": {"temperature": 0.9, "seed": 7, "num_predict": 10}}),
+    ];
+    let alone: Vec<Value> = requests
+        .iter()
+        .map(|r| {
+            let (st, v) = s.post(route(r), r);
+            assert_eq!(st, 200, "{v}");
+            v
+        })
+        .collect();
+    for (i, v) in all_at_once(&s, &requests).into_iter().enumerate() {
+        assert_eq!(
+            v["response"], alone[i]["response"],
+            "request {i} changed when batched: {v}"
+        );
+        assert!(!v["response"].as_str().unwrap().is_empty());
+    }
+}
