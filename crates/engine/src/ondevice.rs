@@ -59,6 +59,23 @@ pub(crate) struct DeviceState {
     act: QuantizedRows,
 }
 
+/// The block features the device path declines, as `device_unsupported` and
+/// `arch_on_device` name them.
+const ENCODER: &str = "an encoder: its attention over a batch's own pages runs on the CPU";
+const MIXTURE: &str = "a mixture of experts: the device has no expert routing yet";
+
+/// Whether an architecture row runs on a device, in words (docs/arch-coverage.md's
+/// column); the file decides the rest (`Model::device_unsupported`).
+pub fn arch_on_device(arch: &crate::ArchSpec) -> String {
+    use crate::arch::{Experts, Output};
+    match (arch.output, arch.experts) {
+        (Output::Embeddings, _) => format!("declined: {ENCODER}"),
+        (_, Experts::Always(_)) => format!("declined: {MIXTURE}"),
+        (_, Experts::WhenCounted(_)) => format!("runs dense; with expert_count, declined: {MIXTURE}"),
+        (_, Experts::Never) => "runs".into(),
+    }
+}
+
 /// What the device's pages hold for a context's KV precision (`None`: not on a device).
 fn cache_type(kv: KvPrecision) -> Option<CacheType> {
     match kv {

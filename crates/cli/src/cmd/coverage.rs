@@ -73,8 +73,10 @@ fn render() -> anyhow::Result<String> {
          (`crates/engine/tests/data/arch-fixtures.json`), checked by `crates/engine/tests/parity.rs`; \
          for an encoder, `llama-embedding`'s embeddings and rerank scores \
          (`crates/cli/tests/data/embed/bert-fixtures.json`), checked by `crates/cli/tests/embed.rs`.\n\n\
-         | architecture | covers | norm | rope | qkv | qk-norm | attention | ffn | residual | post-norms | sliding window | embed scale | reference fixtures |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         The Vulkan column says whether the row's block runs on a device (`--device vulkan`; \
+         `crates/vulkan/tests/forward.rs` runs every row on lavapipe or checks its refusal).\n\n\
+         | architecture | covers | norm | rope | qkv | qk-norm | attention | ffn | residual | post-norms | sliding window | embed scale | reference fixtures | Vulkan |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for a in ARCHITECTURES {
         let norm = match a.norm {
@@ -146,11 +148,12 @@ fn render() -> anyhow::Result<String> {
             list.join("; ")
         });
         s.push_str(&format!(
-            "| `{}` | {} | {norm} | {rope} | {qkv} | {qk_norm} | {attention} | {ffn} | {residual} | {} | {swa} | {} | {backed} |\n",
+            "| `{}` | {} | {norm} | {rope} | {qkv} | {qk_norm} | {attention} | {ffn} | {residual} | {} | {swa} | {} | {backed} | {} |\n",
             a.name,
             a.covers,
             yes(a.post_norms),
             if a.embed_scale_sqrt { "sqrt(n_embd)" } else { "-" },
+            llamay_engine::arch_on_device(a),
         ));
     }
     s.push_str(
