@@ -40,14 +40,27 @@ pub fn parse(s: &str) -> anyhow::Result<Choice> {
 }
 
 impl DeviceArg {
-    /// The flag, else `LLAMAY_DEVICE`, else the CPU.
+    /// The flag, else `LLAMAY_DEVICE`, else `LLAMAY_GPU` (docs/cli.md's
+    /// `off|cuda|vulkan|metal`), else the CPU.
     pub fn choice(&self) -> anyhow::Result<Choice> {
-        match &self.device {
-            Some(s) => parse(s),
-            None => match std::env::var("LLAMAY_DEVICE") {
-                Ok(s) if !s.is_empty() => parse(&s).context("LLAMAY_DEVICE"),
-                _ => Ok(Choice::Cpu),
-            },
+        let env = |k: &str| std::env::var(k).ok().filter(|s| !s.is_empty());
+        if let Some(s) = &self.device {
+            return parse(s);
+        }
+        if let Some(s) = env("LLAMAY_DEVICE") {
+            return parse(&s).context("LLAMAY_DEVICE");
+        }
+        match env("LLAMAY_GPU").as_deref() {
+            None | Some("off") => Ok(Choice::Cpu),
+            Some("vulkan") => Ok(Choice::Vulkan(None)),
+            Some(other @ ("cuda" | "metal")) => {
+                bail!(
+                    "LLAMAY_GPU={other}: this build has no {other} backend (it has vulkan; off for the CPU)"
+                )
+            }
+            Some(other) => {
+                bail!("LLAMAY_GPU={other}: use off or vulkan (cuda and metal are not built yet)")
+            }
         }
     }
 

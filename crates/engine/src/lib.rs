@@ -35,8 +35,8 @@ pub use arch::{ARCHITECTURES, ArchSpec};
 pub use batch::{BatchToken, Hidden, Logits};
 pub use config::{Config, Pooling};
 pub use context::{Context, ContextError, ContextParams};
-pub use ondevice::arch_on_device;
 pub use kv::{KvError, KvPool, KvPrecision, KvUsage, PAGE, SeqId};
+pub use ondevice::arch_on_device;
 pub use snapshot::SnapshotError;
 pub use tensor::Threads;
 

@@ -71,7 +71,9 @@ pub fn arch_on_device(arch: &crate::ArchSpec) -> String {
     match (arch.output, arch.experts) {
         (Output::Embeddings, _) => format!("declined: {ENCODER}"),
         (_, Experts::Always(_)) => format!("declined: {MIXTURE}"),
-        (_, Experts::WhenCounted(_)) => format!("runs dense; with expert_count, declined: {MIXTURE}"),
+        (_, Experts::WhenCounted(_)) => {
+            format!("runs dense; with expert_count, declined: {MIXTURE}")
+        }
         (_, Experts::Never) => "runs".into(),
     }
 }
