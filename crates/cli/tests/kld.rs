@@ -195,3 +195,41 @@ fn a_damaged_base_file_is_refused_by_name() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("vocabulary"), "{err}");
 }
+
+/// The same base file scored with the forward pass on a Vulkan device (lavapipe under
+/// the test command; F32 matrices run on the CPU, the rest of the block on the device):
+/// as close to llama.cpp as the CPU path is, within the base file's quantisation.
+#[test]
+fn the_device_path_scores_llama_cpp_s_base_file_as_closely() {
+    match llamay_vulkan::probe() {
+        Ok(d) if d.iter().any(|d| d.unusable.is_none()) => {}
+        other => {
+            assert!(
+                std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_none(),
+                "no Vulkan device ({:?}); scripts/test installs lavapipe",
+                other.err()
+            );
+            eprintln!("skipped: no Vulkan device");
+            return;
+        }
+    }
+    let model = fixture("llama-F32.gguf");
+    let base = data("llama-F32.kld");
+    let out = llamay(&[
+        "perplexity",
+        model.to_str().unwrap(),
+        "--kv",
+        "f32",
+        "--kl-divergence-base",
+        base.to_str().unwrap(),
+        "--kl-divergence",
+        "--device",
+        "vulkan",
+    ]);
+    let kld = stat(&out, "Mean    KLD");
+    let max = stat(&out, "Maximum KLD");
+    let top = stat(&out, "Same top p");
+    eprintln!("device: mean KLD {kld:e}, max {max:e}, same top {top}%");
+    assert!(kld.abs() < 1e-5 && max < 1e-4, "{out}");
+    assert_eq!(top, 100.0, "{out}");
+}
