@@ -388,11 +388,9 @@ impl std::fmt::Display for SeqId {
 pub enum KvError {
     #[error("sequence {0} does not exist in this context")]
     UnknownSequence(SeqId),
-    /// The pages' contents live on a device, and snapshots read them on the host.
-    #[error(
-        "snapshots of a device's KV pages are not built yet: save and load sequences in a CPU context"
-    )]
-    OnDevice,
+    /// Copying the pages' contents between the device and the host failed.
+    #[error("the device's KV pages could not be copied: {0}")]
+    Device(String),
     #[error(
         "sequence {seq}: cannot roll back to position {pos}: its sliding-window layers released positions before {held_from} (fork a sequence before decoding past the point you want to return to)"
     )]
@@ -679,6 +677,26 @@ impl KvPool {
         self.store.budget
     }
 
+    /// Every page sequence `s` holds, over all its layers.
+    pub(crate) fn pages_of_seq(&self, s: SeqId) -> Result<Vec<u32>, KvError> {
+        let seq = self.seq(s)?;
+        Ok(seq.tables.iter().flatten().flatten().copied().collect())
+    }
+
+    /// Position `slot` of page `id`: its key and value rows as f32 (exact for the f32
+    /// and f16 precisions).
+    pub(crate) fn read_row(&self, id: u32, slot: usize) -> (Vec<f32>, Vec<f32>) {
+        let table = [Some(id)];
+        let view = LayerKv {
+            store: &self.store,
+            table: &table,
+        };
+        let k = view.key_row(slot);
+        let mut v = vec![0f32; self.store.v_dim];
+        view.values_into(slot, 1, 0, self.store.v_dim, &mut v);
+        (k, v)
+    }
+
     /// Sequence `s`'s page table in layer `layer` (`None`: released or not reached).
     pub(crate) fn table(&self, s: SeqId, layer: usize) -> &[Option<u32>] {
         &self.seqs[&s.0].tables[layer]
@@ -827,8 +845,8 @@ impl<'a> LayerKv<'a> {
         }
     }
 
-    /// The keys of position `pos` as f32 (dequantised from int8): for tests.
-    #[cfg(test)]
+    /// The keys of position `pos` as f32 (dequantised from int8): for tests and for
+    /// copying pages to a device.
     pub(crate) fn key_row(&self, pos: usize) -> Vec<f32> {
         let kd = self.store.k_dim;
         let mut out = vec![0f32; kd];
@@ -903,9 +921,6 @@ impl KvPool {
     /// each page's key and value bytes (as stored: little-endian on every target
     /// llamay builds for).
     pub(crate) fn pages_of(&self, s: SeqId) -> Result<LayerPages<'_>, KvError> {
-        if self.on_device() {
-            return Err(KvError::OnDevice);
-        }
         let seq = self.seq(s)?;
         let len = seq.tokens.len();
         Ok((seq.tables.iter().enumerate())

@@ -228,6 +228,97 @@ impl Model<'_> {
 }
 
 impl DeviceState {
+    /// Values a page row takes in the device's cache (f16: two a word).
+    fn words(&self, dim: usize) -> usize {
+        match self.cache {
+            CacheType::F32 => dim,
+            CacheType::F16 => dim / 2,
+        }
+    }
+
+    /// The device's row as f32 (f16 pages widened, exactly).
+    fn decode_row(&self, words: &[f32]) -> Vec<f32> {
+        match self.cache {
+            CacheType::F32 => words.to_vec(),
+            CacheType::F16 => (words.iter())
+                .flat_map(|w| {
+                    let b = w.to_bits();
+                    [b as u16, (b >> 16) as u16].map(|h| half::f16::from_bits(h).to_f32())
+                })
+                .collect(),
+        }
+    }
+
+    /// A row for the device's cache (f16 pages: rounded as the host's f16 pages are).
+    fn encode_row(&self, row: &[f32]) -> Vec<u32> {
+        match self.cache {
+            CacheType::F32 => row.iter().map(|v| v.to_bits()).collect(),
+            CacheType::F16 => (row.chunks_exact(2))
+                .map(|p| {
+                    let h = |v: f32| u32::from(half::f16::from_f32(v).to_bits());
+                    h(p[0]) | h(p[1]) << 16
+                })
+                .collect(),
+        }
+    }
+
+    /// Copies the pages of sequence `s` from the device into the pool's host pages
+    /// (what a snapshot reads).
+    pub(crate) fn pages_to_host(
+        &mut self,
+        kv: &mut KvPool,
+        cfg: &crate::Config,
+        s: SeqId,
+    ) -> Result<(), crate::KvError> {
+        let (kd, vd) = (cfg.k_dim(), cfg.v_dim());
+        let (kw, vw) = (self.words(kd), self.words(vd));
+        let failed = |e: DeviceError| crate::KvError::Device(e.to_string());
+        for id in kv.pages_of_seq(s)? {
+            let row0 = id as usize * PAGE;
+            let (mut k, mut v) = (vec![0f32; PAGE * kw], vec![0f32; PAGE * vw]);
+            self.dev
+                .read(self.k_cache, row0 * kw, &mut k)
+                .map_err(failed)?;
+            self.dev
+                .read(self.v_cache, row0 * vw, &mut v)
+                .map_err(failed)?;
+            for slot in 0..PAGE {
+                let kr = self.decode_row(&k[slot * kw..(slot + 1) * kw]);
+                let vr = self.decode_row(&v[slot * vw..(slot + 1) * vw]);
+                kv.store_mut().write(id, slot, &kr, &vr);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the pages of sequence `s` from the pool's host pages to the device (after
+    /// a snapshot was loaded into them).
+    pub(crate) fn pages_to_device(
+        &mut self,
+        kv: &KvPool,
+        cfg: &crate::Config,
+        s: SeqId,
+    ) -> Result<(), crate::KvError> {
+        let (kw, vw) = (self.words(cfg.k_dim()), self.words(cfg.v_dim()));
+        let failed = |e: DeviceError| crate::KvError::Device(e.to_string());
+        for id in kv.pages_of_seq(s)? {
+            let row0 = id as usize * PAGE;
+            let (mut k, mut v) = (Vec::with_capacity(PAGE * kw), Vec::with_capacity(PAGE * vw));
+            for slot in 0..PAGE {
+                let (kr, vr) = kv.read_row(id, slot);
+                k.extend(self.encode_row(&kr));
+                v.extend(self.encode_row(&vr));
+            }
+            self.dev
+                .write_u32(self.k_cache, row0 * kw, &k)
+                .map_err(failed)?;
+            self.dev
+                .write_u32(self.v_cache, row0 * vw, &v)
+                .map_err(failed)?;
+        }
+        Ok(())
+    }
+
     /// What the device has done (submissions, bytes read back).
     pub(crate) fn counters(&self) -> crate::device::DeviceCounters {
         self.dev.counters()

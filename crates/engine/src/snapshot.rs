@@ -130,7 +130,11 @@ impl<'a> Reader<'a> {
 
 impl Context<'_> {
     /// Sequence `s` as a snapshot (see the module docs).
-    pub fn save_sequence(&self, s: SeqId) -> Result<Vec<u8>, KvError> {
+    pub fn save_sequence(&mut self, s: SeqId) -> Result<Vec<u8>, KvError> {
+        // A device holds the pages' contents: the host's copies are brought up to date.
+        if let Some(dev) = self.device.as_deref_mut() {
+            dev.pages_to_host(&mut self.kv, self.model.config(), s)?;
+        }
         let kv = &self.kv;
         let tokens = kv.tokens(s)?;
         let layers = kv.pages_of(s)?;
@@ -161,9 +165,6 @@ impl Context<'_> {
 
     /// Reads a snapshot into a new sequence of this context; on error nothing changed.
     pub fn load_sequence(&mut self, bytes: &[u8]) -> Result<SeqId, SnapshotError> {
-        if self.kv.on_device() {
-            return Err(SnapshotError::Kv(KvError::OnDevice));
-        }
         if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             return Err(SnapshotError::NotASnapshot);
         }
@@ -252,6 +253,14 @@ impl Context<'_> {
         if Sha256::digest(&bytes[..body]).as_slice() != sum {
             return Err(SnapshotError::Checksum);
         }
-        Ok(self.kv.adopt(tokens, &layers)?)
+        let seq = self.kv.adopt(tokens, &layers)?;
+        // A device holds the pages' contents: the new pages go there too.
+        if let Some(dev) = self.device.as_deref_mut()
+            && let Err(e) = dev.pages_to_device(&self.kv, self.model.config(), seq)
+        {
+            let _ = self.kv.free(seq);
+            return Err(e.into());
+        }
+        Ok(seq)
     }
 }

@@ -228,10 +228,9 @@ fn a_decode_step_is_one_submission_and_reads_only_the_logits() {
 }
 
 /// Fork (shared pages, copy on write at the first write), truncate and redecode on the
-/// device give what they give on the CPU; snapshots of device pages are refused by
-/// name.
+/// device give what they give on the CPU; snapshots of device pages round-trip.
 #[test]
-fn fork_truncate_and_copy_on_write_work_with_device_pages() {
+fn fork_truncate_copy_on_write_and_snapshots_work_with_device_pages() {
     let Some(dev) = device() else { return };
     let arch = ARCHITECTURES.iter().find(|a| a.name == "gemma3").unwrap();
     let spec = Spec {
@@ -272,8 +271,41 @@ fn fork_truncate_and_copy_on_write_work_with_device_pages() {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(max <= MAX_DIFF, "max |device - CPU| {max}");
-    let s = on_dev.new_sequence();
-    on_dev.decode(&batch(s, &[1], 0)).unwrap();
-    let e = on_dev.save_sequence(s).unwrap_err().to_string();
-    assert!(e.contains("device") && e.contains("CPU context"), "{e}");
+    drop(on_dev);
+
+    // A snapshot of device pages (f32 and f16) loads into a CPU context and into
+    // another device context, and each continues as the original does: the other
+    // device context bit for bit, the CPU within the bound.
+    for kv in [KvPrecision::F32, KvPrecision::F16] {
+        let p = ContextParams {
+            kv_budget_tokens: Some(512),
+            ..ContextParams::new(Threads(2), kv, 128)
+        };
+        let mut a = m.context_on(p, device().unwrap()).unwrap();
+        let s = a.new_sequence();
+        let toks: Vec<u32> = (0..70).map(|i| ((i * 11 + 2) % n_vocab) as u32).collect();
+        a.decode(&batch(s, &toks, 0)).unwrap();
+        let snap = a.save_sequence(s).unwrap();
+        let next = |ctx: &mut Context<'_>, s| ctx.decode(&batch(s, &[4], 70)).unwrap().values;
+        let want = next(&mut a, s);
+        let mut b = m.context_on(p, device().unwrap()).unwrap();
+        let sb = b.load_sequence(&snap).unwrap();
+        assert_eq!(
+            next(&mut b, sb),
+            want,
+            "{kv:?}: a device context continuing the snapshot"
+        );
+        let mut c = m.context(p).unwrap();
+        let sc = c.load_sequence(&snap).unwrap();
+        let got = next(&mut c, sc);
+        let max = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            max <= MAX_DIFF,
+            "{kv:?}: the CPU continuing the device's snapshot: {max}"
+        );
+    }
 }

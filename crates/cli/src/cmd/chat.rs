@@ -342,7 +342,7 @@ const SAVE_MAGIC: &[u8] = b"LLAMAYCHAT 1\n";
 /// A transcript line longer than this is not one we wrote.
 const MAX_TRANSCRIPT: usize = 64 << 20;
 
-fn save(ctx: &Context<'_>, conv: &Conversation, path: &Path) -> anyhow::Result<()> {
+fn save(ctx: &mut Context<'_>, conv: &Conversation, path: &Path) -> anyhow::Result<()> {
     let transcript = serde_json::json!({
         "system": conv.system,
         "messages": conv.turns.iter().map(Message::to_openai).collect::<Vec<_>>(),
