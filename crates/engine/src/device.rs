@@ -240,4 +240,6 @@ pub trait Device: Send {
         len: usize,
     ) -> Result<(), DeviceError>;
     fn counters(&self) -> DeviceCounters;
+    /// Bytes of memory the device computes from (its largest device-local heap).
+    fn memory_bytes(&self) -> u64;
 }

@@ -59,6 +59,8 @@ pub(crate) struct DeviceState {
     act: QuantizedRows,
 }
 
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// The block features the device path declines, as `device_unsupported` and
 /// `arch_on_device` name them.
 const ENCODER: &str = "an encoder: its attention over a batch's own pages runs on the CPU";
@@ -154,6 +156,30 @@ impl Model<'_> {
         }
         let mut ctx = self.context(p)?;
         let failed = |e: DeviceError| ContextError::Device(e.to_string());
+        // What the device will hold, checked before anything is placed: a model that
+        // does not fit is refused naming both sizes (its layers are not split between
+        // the device and the CPU).
+        let cache = cache_type(p.kv).expect("refused above");
+        let per_word = if cache == CacheType::F16 { 2 } else { 1 };
+        let c = &self.config;
+        let kv_bytes =
+            (ctx.kv.page_budget().max(1) * PAGE * (c.k_dim() + c.v_dim()) / per_word * 4) as u64;
+        let mut seen = std::collections::HashSet::new();
+        let weight_bytes: u64 = (self.weights.linears())
+            .filter(|l| dev.declines(l.w.ty).is_none() && seen.insert(l.w.data.as_ptr() as usize))
+            .map(|l| l.w.data.len() as u64)
+            .sum();
+        let need = weight_bytes + kv_bytes;
+        if need > dev.memory_bytes() {
+            return Err(ContextError::Device(format!(
+                "{} has {:.2} GiB; this model needs {:.2} GiB there ({:.2} GiB of weights, {:.2} GiB of KV cache: -c sizes it)",
+                dev.describe(),
+                dev.memory_bytes() as f64 / GIB,
+                need as f64 / GIB,
+                weight_bytes as f64 / GIB,
+                kv_bytes as f64 / GIB
+            )));
+        }
         let mut matrices = HashMap::new();
         for l in self.weights.linears() {
             if dev.declines(l.w.ty).is_some() {
@@ -180,10 +206,7 @@ impl Model<'_> {
             dev.write_f32(buf, 0, v).map_err(failed)?;
             vectors.insert(key, buf);
         }
-        let c = &self.config;
-        let cache = cache_type(p.kv).expect("refused above");
         // f16 pages: two values a word.
-        let per_word = if cache == CacheType::F16 { 2 } else { 1 };
         let rows = ctx.kv.page_budget().max(1) * PAGE;
         let k_cache = dev
             .alloc(

@@ -360,6 +360,10 @@ impl Device for VulkanDevice {
         .map_err(failed)
     }
 
+    fn memory_bytes(&self) -> u64 {
+        self.gpu.info().memory_bytes
+    }
+
     fn counters(&self) -> DeviceCounters {
         let s = self.gpu.stats();
         DeviceCounters {

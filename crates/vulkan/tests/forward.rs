@@ -309,3 +309,28 @@ fn fork_truncate_copy_on_write_and_snapshots_work_with_device_pages() {
         );
     }
 }
+
+/// What does not fit the device's memory is refused before anything is placed, naming
+/// both sizes.
+#[test]
+fn a_model_larger_than_the_device_is_refused_naming_both_sizes() {
+    let Some(dev) = device() else { return };
+    let arch = ARCHITECTURES.iter().find(|a| a.name == "llama").unwrap();
+    let bytes = ModelFile::new(&Spec::new(arch)).write().unwrap();
+    let gguf = Gguf::single(GgufFile::parse(&bytes).unwrap());
+    let m = Model::load(&gguf, Threads(2)).unwrap();
+    let memory = dev.memory_bytes();
+    // A KV pool of more positions than the device's memory holds.
+    let c = m.config();
+    let per_position = (c.n_layer * (c.k_dim() + c.v_dim()) * 4) as u64;
+    let positions = (memory / per_position + 1) as usize * 2;
+    let p = ContextParams {
+        kv_budget_tokens: Some(positions),
+        ..ContextParams::new(Threads(2), KvPrecision::F32, 64)
+    };
+    let e = m.context_on(p, dev).err().expect("refused").to_string();
+    assert!(
+        e.contains("GiB; this model needs") && e.contains("KV cache"),
+        "{e}"
+    );
+}
