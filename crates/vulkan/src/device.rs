@@ -62,10 +62,13 @@ impl VulkanDevice {
                 let m = self.matrices.get(w.id as usize).cloned().ok_or_else(|| {
                     VulkanError::Shape(format!("matrix {} is not on this device", w.id))
                 })?;
-                let mut q = self.q8_for(n, m.cols)?;
-                self.gpu
-                    .quantize(m.ty.vec_dot_type(), b(x), 0, n, m.cols, &mut q)?;
-                self.gpu.matmul(&m, &q, b(out), 0)?;
+                if Gpu::reads_f32(&m) {
+                    self.gpu.matmul_float(&m, b(x), n, b(out), 0)?;
+                } else {
+                    let mut q = self.q8_for(n, m.cols)?;
+                    (self.gpu).quantize(m.ty.vec_dot_type(), b(x), 0, n, m.cols, &mut q)?;
+                    self.gpu.matmul(&m, &q, b(out), 0)?;
+                }
                 if let Some(bias) = bias {
                     let push = [u32_of(n * m.rows)?, u32_of(m.rows)?, 0];
                     self.eltwise_dispatch(

@@ -13,6 +13,10 @@ pub enum Kernel {
     MatmulQ4_0,
     /// Q5_0 weights.
     MatmulQ5_0,
+    /// Float weights times f32 activations (`matmul_float.comp -DW_F32/F16/BF16`).
+    MatmulF32,
+    MatmulF16,
+    MatmulBF16,
     /// f32 rows to Q8_K (`quantize_q8_k.comp`).
     QuantizeQ8K,
     /// K-quant weights times Q8_K activations (`matmul_k.comp -DW_Q?_K`).
@@ -49,11 +53,14 @@ pub(crate) struct KernelSpec {
     pub local_size: u32,
 }
 
-pub(crate) const ALL: [Kernel; 19] = [
+pub(crate) const ALL: [Kernel; 22] = [
     Kernel::QuantizeQ8_0,
     Kernel::MatmulQ8_0,
     Kernel::MatmulQ4_0,
     Kernel::MatmulQ5_0,
+    Kernel::MatmulF32,
+    Kernel::MatmulF16,
+    Kernel::MatmulBF16,
     Kernel::QuantizeQ8K,
     Kernel::MatmulQ2K,
     Kernel::MatmulQ3K,
@@ -99,6 +106,9 @@ impl Kernel {
             Kernel::MatmulQ8_0 => matmul(include_bytes!("../shaders/spv/matmul_q8_0.spv")),
             Kernel::MatmulQ4_0 => matmul(include_bytes!("../shaders/spv/matmul_q4_0.spv")),
             Kernel::MatmulQ5_0 => matmul(include_bytes!("../shaders/spv/matmul_q5_0.spv")),
+            Kernel::MatmulF32 => plain(include_bytes!("../shaders/spv/matmul_f32.spv"), 3, 5),
+            Kernel::MatmulF16 => plain(include_bytes!("../shaders/spv/matmul_f16.spv"), 3, 5),
+            Kernel::MatmulBF16 => plain(include_bytes!("../shaders/spv/matmul_bf16.spv"), 3, 5),
             Kernel::QuantizeQ8K => plain(include_bytes!("../shaders/spv/quantize_q8_k.spv"), 3, 2),
             Kernel::MatmulQ2K => matmul(include_bytes!("../shaders/spv/matmul_q2_k.spv")),
             Kernel::MatmulQ3K => matmul(include_bytes!("../shaders/spv/matmul_q3_k.spv")),

@@ -9,6 +9,9 @@ use llamay_formats::GgmlType;
 
 /// The weight formats the device computes on, with the kernel of each.
 const WEIGHT_KERNELS: &[(GgmlType, Kernel)] = &[
+    (GgmlType::F32, Kernel::MatmulF32),
+    (GgmlType::F16, Kernel::MatmulF16),
+    (GgmlType::BF16, Kernel::MatmulBF16),
     (GgmlType::Q8_0, Kernel::MatmulQ8_0),
     (GgmlType::Q4_0, Kernel::MatmulQ4_0),
     (GgmlType::Q5_0, Kernel::MatmulQ5_0),
@@ -131,6 +134,52 @@ impl Gpu {
             cols,
             kernel,
         })
+    }
+
+    /// Whether the matrix reads the f32 activation rows themselves (float formats) rather
+    /// than their quantisation.
+    pub fn reads_f32(w: &DeviceMatrix) -> bool {
+        matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+    }
+
+    /// Records `out[o_offset + t * rows + r] = W[r] · x[t]` for a float matrix and `n`
+    /// f32 activation rows (see `matmul_float.comp`).
+    pub fn matmul_float(
+        &mut self,
+        w: &DeviceMatrix,
+        x: BufferId,
+        n: usize,
+        out: BufferId,
+        o_offset: usize,
+    ) -> Result<(), VulkanError> {
+        if !Gpu::reads_f32(w) {
+            return Err(VulkanError::Shape(format!(
+                "{} is not a float format",
+                w.ty
+            )));
+        }
+        let need = (o_offset + n * w.rows) as u64 * 4;
+        if need > self.buffer_bytes(out)? || (n * w.cols * 4) as u64 > self.buffer_bytes(x)? {
+            return Err(VulkanError::Shape(format!(
+                "{n} rows through a {}x{} matrix do not fit their buffers",
+                w.rows, w.cols
+            )));
+        }
+        let spec = w.kernel.spec();
+        let mut row0 = 0;
+        for &(buf, rows) in &w.parts {
+            let push = [
+                u32_of(rows)?,
+                u32_of(w.cols)?,
+                u32_of(n)?,
+                u32_of(o_offset + row0)?,
+                u32_of(w.rows)?,
+            ];
+            let groups = [Gpu::groups(rows, spec.local_size)?, u32_of(n)?, 1];
+            self.dispatch(w.kernel, &[buf, x, out], &push, groups)?;
+            row0 += rows;
+        }
+        Ok(())
     }
 
     /// Buffers for up to `n` rows of `cols` values quantised to Q8_0.

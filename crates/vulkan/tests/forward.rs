@@ -78,17 +78,19 @@ fn argmax(v: &[f32]) -> usize {
 /// and a last-bit difference ahead of a Q8_0 activation rounding can flip one rounding
 /// step, and what that step moves grows with the format's coarseness: measured up to
 /// 0.031 on the 4- to 8-bit formats and 0.061 on Q2_K (these logits span about ±3),
-/// while the mean stays at or under 0.005 (qwen3 Q4_K) (most positions differ in the last bits only).
+/// while the mean stays under 0.01 (most positions differ in the last bits only; the
+/// largest, 0.0092, through the f16 cache on gemma2 Q4_K, whose soft-capped scores the
+/// f16 query rounding moves most).
 const MAX_DIFF: f32 = 0.1;
-const MEAN_DIFF: f32 = 0.01;
+const MEAN_DIFF: f32 = 0.015;
 
 #[test]
 fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
     let Some(probe) = device() else { return };
     eprintln!("device: {}", probe.describe());
     drop(probe);
-    // Every format the device runs, and the float ones it declines for now: those
-    // matrices run on the CPU, the rest of the block on the device.
+    // Every format the device runs (the quantised ones giving the CPU's bits, the float
+    // ones summing in f32).
     let formats = [
         GgmlType::Q8_0,
         GgmlType::Q4_0,

@@ -199,13 +199,67 @@ fn work_is_submitted_once_per_flush_and_declines_name_the_format() -> Result<(),
         "{err}"
     );
     let err = gpu
-        .upload_matrix("output.weight", GgmlType::BF16, 1, 256, &[0; 512])
+        .upload_matrix("output.weight", GgmlType::MXFP4, 1, 256, &[0; 136])
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("output.weight") && err.contains("BF16") && err.contains("Q4_K"),
+        err.contains("output.weight") && err.contains("MXFP4") && err.contains("Q4_K"),
         "{err}"
     );
+    Ok(())
+}
+
+/// Float matrices (F32, F16, BF16) read the f32 activations, rounded to the weight's dot
+/// type as the CPU rounds them, and sum in f32 where the CPU's portable kernel sums in
+/// f64: within 1e-6 of the sum of |products|, not bits.
+#[test]
+fn float_matmuls_agree_with_the_cpu_within_rounding() -> Result<(), VulkanError> {
+    let Some(mut gpu) = gpu() else { return Ok(()) };
+    let pool = ThreadPool::new(1);
+    let (rows, cols, n) = (70, 320, 3);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        let w = activations(rows * cols, 21 + ty.id() as u64);
+        let wq = llamay_formats::quantize(ty, &w).expect("a written type");
+        let x = activations(n * cols, 22);
+        let dm = gpu.upload_matrix("w", ty, rows, cols, &wq)?;
+        let xb = gpu.buffer((x.len() * 4) as u64, "x")?;
+        gpu.write(xb, 0, &f32_bytes(&x))?;
+        let out = gpu.buffer((n * rows * 4) as u64, "out")?;
+        gpu.matmul_float(&dm, xb, n, out, 0)?;
+        let mut got = vec![0f32; n * rows];
+        gpu.read_f32(out, 0, &mut got)?;
+        let dot = ty.vec_dot_type();
+        let mut a = QuantizedRows {
+            ty: dot,
+            cols,
+            n,
+            data: vec![0u8; n * dot.bytes_for(cols as u64).unwrap() as usize],
+        };
+        assert!(llamay_kernels::quantize_row(dot, &x, &mut a.data));
+        let mut want = vec![0f32; n * rows];
+        llamay_kernels::matmul_with(
+            KernelSet::Portable,
+            ty,
+            &wq,
+            rows,
+            cols,
+            &a,
+            &mut want,
+            &pool,
+        );
+        for t in 0..n {
+            for r in 0..rows {
+                let scale: f32 = (0..cols)
+                    .map(|c| (w[r * cols + c] * x[t * cols + c]).abs())
+                    .sum();
+                let (g, e) = (got[t * rows + r], want[t * rows + r]);
+                assert!(
+                    (g - e).abs() <= 1e-6 * scale.max(1.0),
+                    "{ty} t={t} r={r}: device {g}, CPU {e}"
+                );
+            }
+        }
+    }
     Ok(())
 }
 
