@@ -3,6 +3,9 @@
 //! Needs `LLAMAY_GEMMA=$(scripts/fetch-models)` and `LLAMAY_REF_TREE=$(scripts/fetch-ref)`
 //! (scripts/test sets both).
 
+mod common;
+
+use common::stat;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -164,22 +167,7 @@ fn vulkan_perplexity_is_as_close_to_the_cpu_as_its_own_kernel_sets() {
         &["-f", text.to_str().unwrap(), "-c", "128", "--chunks", "2"],
         None,
     );
-    let kld = |report: &str| -> (f64, f64) {
-        let after = |label: &str| -> f64 {
-            let line = report
-                .lines()
-                .find(|l| l.starts_with(label))
-                .unwrap_or_else(|| panic!("{report}"));
-            line[label.len()..]
-                .trim_start_matches([' ', ':'])
-                .split([' ', '%'])
-                .find(|s| !s.is_empty())
-                .unwrap()
-                .parse()
-                .unwrap()
-        };
-        (after("Mean    KLD"), after("Same top p"))
-    };
+    let kld = |report: &str| (stat(report, "Mean    KLD"), stat(report, "Same top p"));
     let portable = kld(&run(
         &["--kl-divergence"],
         Some(("LLAMAY_BACKEND", "portable")),

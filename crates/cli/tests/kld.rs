@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::fixture;
+use common::{fixture, stat, vulkan_device};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -27,21 +27,6 @@ fn llamay(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8(o.stdout).unwrap()
-}
-
-/// A statistic's value from the report: the number after `label`.
-fn stat(report: &str, label: &str) -> f64 {
-    let line = report
-        .lines()
-        .find(|l| l.starts_with(label))
-        .unwrap_or_else(|| panic!("no {label:?} in:\n{report}"));
-    line[label.len()..]
-        .trim_start_matches([' ', ':'])
-        .split([' ', '%'])
-        .find(|s| !s.is_empty())
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 #[test]
@@ -201,17 +186,8 @@ fn a_damaged_base_file_is_refused_by_name() {
 /// as close to llama.cpp as the CPU path is, within the base file's quantisation.
 #[test]
 fn the_device_path_scores_llama_cpp_s_base_file_as_closely() {
-    match llamay_vulkan::probe() {
-        Ok(d) if d.iter().any(|d| d.unusable.is_none()) => {}
-        other => {
-            assert!(
-                std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_none(),
-                "no Vulkan device ({:?}); scripts/test installs lavapipe",
-                other.err()
-            );
-            eprintln!("skipped: no Vulkan device");
-            return;
-        }
+    if !vulkan_device() {
+        return;
     }
     let model = fixture("llama-F32.gguf");
     let base = data("llama-F32.kld");

@@ -12,25 +12,13 @@ use llamay_gguf::{GgufFile, Model as Gguf};
 use llamay_synth::{ModelFile, Spec};
 use llamay_vulkan::VulkanDevice;
 
+mod common;
+
 fn device() -> Option<Box<dyn Device>> {
-    match llamay_vulkan::probe().map(|d| d.into_iter().find(|d| d.unusable.is_none())) {
-        Ok(Some(d)) => Some(Box::new(
-            VulkanDevice::open(d.index).expect("open the device"),
-        )),
-        outcome => {
-            let why = match outcome {
-                Ok(_) => "no usable Vulkan device".to_string(),
-                Err(e) => e.to_string(),
-            };
-            let required = std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_some_and(|v| v != "0");
-            assert!(
-                !required,
-                "{why}; scripts/test installs mesa-vulkan-drivers (lavapipe)"
-            );
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    let index = common::device_index()?;
+    Some(Box::new(
+        VulkanDevice::open(index).expect("open the device"),
+    ))
 }
 
 fn params() -> ContextParams {
@@ -200,33 +188,28 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
 fn a_decode_step_is_one_submission_and_reads_only_the_logits() {
     let Some(dev) = device() else { return };
     let arch = ARCHITECTURES.iter().find(|a| a.name == "llama").unwrap();
-    let spec = Spec {
-        ty: GgmlType::Q8_0,
-        ..Spec::new(arch)
-    };
-    let bytes = ModelFile::new(&spec).write().unwrap();
-    let gguf = Gguf::single(GgufFile::parse(&bytes).unwrap());
-    let m = Model::load(&gguf, Threads(2)).unwrap();
-    let mut ctx = m.context_on(params(), dev).unwrap();
-    let n_vocab = m.config().n_vocab;
-    let s = ctx.new_sequence();
-    ctx.decode(&batch(s, &[1, 2, 3, 4], 0)).unwrap();
-    for pos in 4..8 {
-        let before = ctx.device_counters().unwrap();
-        let l = ctx.decode(&batch(s, &[pos as u32], pos)).unwrap();
-        let after = ctx.device_counters().unwrap();
-        assert_eq!(l.values.len(), n_vocab);
-        assert_eq!(
-            after.submissions - before.submissions,
-            1,
-            "submissions per step"
-        );
-        assert_eq!(
-            after.bytes_read - before.bytes_read,
-            (n_vocab * 4) as u64,
-            "bytes read back"
-        );
-    }
+    common::with_synthetic(arch, GgmlType::Q8_0, |m| {
+        let mut ctx = m.context_on(params(), dev).unwrap();
+        let n_vocab = m.config().n_vocab;
+        let s = ctx.new_sequence();
+        ctx.decode(&batch(s, &[1, 2, 3, 4], 0)).unwrap();
+        for pos in 4..8 {
+            let before = ctx.device_counters().unwrap();
+            let l = ctx.decode(&batch(s, &[pos as u32], pos)).unwrap();
+            let after = ctx.device_counters().unwrap();
+            assert_eq!(l.values.len(), n_vocab);
+            assert_eq!(
+                after.submissions - before.submissions,
+                1,
+                "submissions per step"
+            );
+            assert_eq!(
+                after.bytes_read - before.bytes_read,
+                (n_vocab * 4) as u64,
+                "bytes read back"
+            );
+        }
+    });
 }
 
 /// Fork (shared pages, copy on write at the first write), truncate and redecode on the
@@ -235,81 +218,76 @@ fn a_decode_step_is_one_submission_and_reads_only_the_logits() {
 fn fork_truncate_copy_on_write_and_snapshots_work_with_device_pages() {
     let Some(dev) = device() else { return };
     let arch = ARCHITECTURES.iter().find(|a| a.name == "gemma3").unwrap();
-    let spec = Spec {
-        ty: GgmlType::Q8_0,
-        ..Spec::new(arch)
-    };
-    let bytes = ModelFile::new(&spec).write().unwrap();
-    let gguf = Gguf::single(GgufFile::parse(&bytes).unwrap());
-    let m = Model::load(&gguf, Threads(2)).unwrap();
-    let n_vocab = m.config().n_vocab;
-    let p = ContextParams {
-        kv_budget_tokens: Some(512),
-        ..ContextParams::new(Threads(2), KvPrecision::F32, 128)
-    };
-    // 70 tokens (past the first page), fork, one token on each branch (the fork's
-    // first write copies the shared last page), then the original cut back to 66 (within what its sliding window keeps for a
-    // rollback) and given
-    // another token.
-    let script = |ctx: &mut Context<'_>| -> Vec<f32> {
-        let toks: Vec<u32> = (0..70).map(|i| ((i * 13 + 1) % n_vocab) as u32).collect();
-        ctx.kv_mut().keep_for_rollback(8);
-        let a = ctx.new_sequence();
-        ctx.decode(&batch(a, &toks, 0)).unwrap();
-        let b = ctx.kv_mut().fork(a).unwrap();
-        let mut out = ctx.decode(&batch(b, &[3], 70)).unwrap().values;
-        out.extend(ctx.decode(&batch(a, &[5], 70)).unwrap().values);
-        ctx.kv_mut().truncate(a, 66).unwrap();
-        out.extend(ctx.decode(&batch(a, &[7, 8], 66)).unwrap().values);
-        out.extend(ctx.decode(&batch(b, &[9], 71)).unwrap().values);
-        out
-    };
-    let want = script(&mut m.context(p).unwrap());
-    let mut on_dev = m.context_on(p, dev).unwrap();
-    let got = script(&mut on_dev);
-    let max = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    assert!(max <= MAX_DIFF, "max |device - CPU| {max}");
-    drop(on_dev);
-
-    // A snapshot of device pages (f32 and f16) loads into a CPU context and into
-    // another device context, and each continues as the original does: the other
-    // device context bit for bit, the CPU within the bound.
-    for kv in [KvPrecision::F32, KvPrecision::F16] {
+    common::with_synthetic(arch, GgmlType::Q8_0, |m| {
+        let n_vocab = m.config().n_vocab;
         let p = ContextParams {
             kv_budget_tokens: Some(512),
-            ..ContextParams::new(Threads(2), kv, 128)
+            ..ContextParams::new(Threads(2), KvPrecision::F32, 128)
         };
-        let mut a = m.context_on(p, device().unwrap()).unwrap();
-        let s = a.new_sequence();
-        let toks: Vec<u32> = (0..70).map(|i| ((i * 11 + 2) % n_vocab) as u32).collect();
-        a.decode(&batch(s, &toks, 0)).unwrap();
-        let snap = a.save_sequence(s).unwrap();
-        let next = |ctx: &mut Context<'_>, s| ctx.decode(&batch(s, &[4], 70)).unwrap().values;
-        let want = next(&mut a, s);
-        let mut b = m.context_on(p, device().unwrap()).unwrap();
-        let sb = b.load_sequence(&snap).unwrap();
-        assert_eq!(
-            next(&mut b, sb),
-            want,
-            "{kv:?}: a device context continuing the snapshot"
-        );
-        let mut c = m.context(p).unwrap();
-        let sc = c.load_sequence(&snap).unwrap();
-        let got = next(&mut c, sc);
+        // 70 tokens (past the first page), fork, one token on each branch (the fork's
+        // first write copies the shared last page), then the original cut back to 66 (within what its sliding window keeps for a
+        // rollback) and given
+        // another token.
+        let script = |ctx: &mut Context<'_>| -> Vec<f32> {
+            let toks: Vec<u32> = (0..70).map(|i| ((i * 13 + 1) % n_vocab) as u32).collect();
+            ctx.kv_mut().keep_for_rollback(8);
+            let a = ctx.new_sequence();
+            ctx.decode(&batch(a, &toks, 0)).unwrap();
+            let b = ctx.kv_mut().fork(a).unwrap();
+            let mut out = ctx.decode(&batch(b, &[3], 70)).unwrap().values;
+            out.extend(ctx.decode(&batch(a, &[5], 70)).unwrap().values);
+            ctx.kv_mut().truncate(a, 66).unwrap();
+            out.extend(ctx.decode(&batch(a, &[7, 8], 66)).unwrap().values);
+            out.extend(ctx.decode(&batch(b, &[9], 71)).unwrap().values);
+            out
+        };
+        let want = script(&mut m.context(p).unwrap());
+        let mut on_dev = m.context_on(p, dev).unwrap();
+        let got = script(&mut on_dev);
         let max = got
             .iter()
             .zip(&want)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        assert!(
-            max <= MAX_DIFF,
-            "{kv:?}: the CPU continuing the device's snapshot: {max}"
-        );
-    }
+        assert!(max <= MAX_DIFF, "max |device - CPU| {max}");
+        drop(on_dev);
+
+        // A snapshot of device pages (f32 and f16) loads into a CPU context and into
+        // another device context, and each continues as the original does: the other
+        // device context bit for bit, the CPU within the bound.
+        for kv in [KvPrecision::F32, KvPrecision::F16] {
+            let p = ContextParams {
+                kv_budget_tokens: Some(512),
+                ..ContextParams::new(Threads(2), kv, 128)
+            };
+            let mut a = m.context_on(p, device().unwrap()).unwrap();
+            let s = a.new_sequence();
+            let toks: Vec<u32> = (0..70).map(|i| ((i * 11 + 2) % n_vocab) as u32).collect();
+            a.decode(&batch(s, &toks, 0)).unwrap();
+            let snap = a.save_sequence(s).unwrap();
+            let next = |ctx: &mut Context<'_>, s| ctx.decode(&batch(s, &[4], 70)).unwrap().values;
+            let want = next(&mut a, s);
+            let mut b = m.context_on(p, device().unwrap()).unwrap();
+            let sb = b.load_sequence(&snap).unwrap();
+            assert_eq!(
+                next(&mut b, sb),
+                want,
+                "{kv:?}: a device context continuing the snapshot"
+            );
+            let mut c = m.context(p).unwrap();
+            let sc = c.load_sequence(&snap).unwrap();
+            let got = next(&mut c, sc);
+            let max = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                max <= MAX_DIFF,
+                "{kv:?}: the CPU continuing the device's snapshot: {max}"
+            );
+        }
+    });
 }
 
 /// What does not fit the device's memory is refused before anything is placed, naming

@@ -6,37 +6,38 @@ use llamay_formats::GgmlType;
 use llamay_kernels::{KernelSet, QuantizedRows, ThreadPool};
 use llamay_vulkan::{Gpu, VulkanError};
 
-/// The device to test on: `LLAMAY_VULKAN_TEST_DEVICE` (an index), else the first
-/// usable one. Without any, the test fails under the test command (which installs
-/// lavapipe) and is skipped elsewhere.
+mod common;
+
+/// The device to test on (see `common::device_index`).
 fn gpu() -> Option<Gpu> {
-    let devices = match llamay_vulkan::probe() {
-        Ok(d) if d.iter().any(|d| d.unusable.is_none()) => d,
-        outcome => {
-            let why = match outcome {
-                Ok(_) => "no usable Vulkan device".to_string(),
-                Err(e) => e.to_string(),
-            };
-            let required = std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_some_and(|v| v != "0");
-            assert!(
-                !required,
-                "{why}; scripts/test installs mesa-vulkan-drivers (lavapipe)"
-            );
-            eprintln!("skipped: {why}");
-            return None;
-        }
-    };
-    let index = match std::env::var("LLAMAY_VULKAN_TEST_DEVICE") {
-        Ok(i) => i.parse().expect("LLAMAY_VULKAN_TEST_DEVICE is an index"),
-        Err(_) => devices
-            .iter()
-            .find(|d| d.unusable.is_none())
-            .map(|d| d.index)
-            .unwrap(),
-    };
-    let gpu = Gpu::open(index).expect("open the device");
+    let gpu = Gpu::open(common::device_index()?).expect("open the device");
     eprintln!("device: {}", gpu.info().describe());
     Some(gpu)
+}
+
+/// `W · A` on the CPU's portable kernels, the activation quantised by the CPU's own
+/// quantiser to the weight's dot type.
+fn cpu_matmul(ty: GgmlType, wq: &[u8], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f32> {
+    let dot = ty.vec_dot_type();
+    let mut a = QuantizedRows {
+        ty: dot,
+        cols,
+        n,
+        data: vec![0u8; n * dot.bytes_for(cols as u64).unwrap() as usize],
+    };
+    assert!(llamay_kernels::quantize_row(dot, x, &mut a.data));
+    let mut want = vec![0f32; n * rows];
+    llamay_kernels::matmul_with(
+        KernelSet::Portable,
+        ty,
+        wq,
+        rows,
+        cols,
+        &a,
+        &mut want,
+        &ThreadPool::new(1),
+    );
+    want
 }
 
 /// Deterministic values with the shapes activations have: mostly small, some large,
@@ -101,7 +102,6 @@ fn quantize_q8_0_gives_ggml_cpus_bytes() -> Result<(), VulkanError> {
 #[test]
 fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
     let Some(mut gpu) = gpu() else { return Ok(()) };
-    let pool = ThreadPool::new(1);
     let (rows, cols) = (70, 320);
     for ty in [
         GgmlType::Q8_0,
@@ -134,24 +134,7 @@ fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
             let mut got = vec![0f32; n * rows];
             gpu.read_f32(out, 8, &mut got)?;
 
-            let mut a = QuantizedRows {
-                ty: dot,
-                cols,
-                n,
-                data: vec![0u8; n * dot.bytes_for(cols as u64).unwrap() as usize],
-            };
-            assert!(llamay_kernels::quantize_row(dot, &x, &mut a.data));
-            let mut want = vec![0f32; n * rows];
-            llamay_kernels::matmul_with(
-                KernelSet::Portable,
-                ty,
-                &wq,
-                rows,
-                cols,
-                &a,
-                &mut want,
-                &pool,
-            );
+            let want = cpu_matmul(ty, &wq, rows, cols, &x, n);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(
                     g.to_bits(),
@@ -215,7 +198,6 @@ fn work_is_submitted_once_per_flush_and_declines_name_the_format() -> Result<(),
 #[test]
 fn float_matmuls_agree_with_the_cpu_within_rounding() -> Result<(), VulkanError> {
     let Some(mut gpu) = gpu() else { return Ok(()) };
-    let pool = ThreadPool::new(1);
     let (rows, cols, n) = (70, 320, 3);
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
         let w = activations(rows * cols, 21 + ty.id() as u64);
@@ -228,25 +210,7 @@ fn float_matmuls_agree_with_the_cpu_within_rounding() -> Result<(), VulkanError>
         gpu.matmul_float(&dm, xb, n, out, 0)?;
         let mut got = vec![0f32; n * rows];
         gpu.read_f32(out, 0, &mut got)?;
-        let dot = ty.vec_dot_type();
-        let mut a = QuantizedRows {
-            ty: dot,
-            cols,
-            n,
-            data: vec![0u8; n * dot.bytes_for(cols as u64).unwrap() as usize],
-        };
-        assert!(llamay_kernels::quantize_row(dot, &x, &mut a.data));
-        let mut want = vec![0f32; n * rows];
-        llamay_kernels::matmul_with(
-            KernelSet::Portable,
-            ty,
-            &wq,
-            rows,
-            cols,
-            &a,
-            &mut want,
-            &pool,
-        );
+        let want = cpu_matmul(ty, &wq, rows, cols, &x, n);
         for t in 0..n {
             for r in 0..rows {
                 let scale: f32 = (0..cols)

@@ -64,3 +64,35 @@ pub fn with_template(src: &Path, tag: &str, template: &str) -> TempPath {
 pub fn temp_file(name: &str, text: &str) -> TempPath {
     TempPath::file(name, text)
 }
+
+/// Whether a usable Vulkan device is here. Under the test command (which installs
+/// lavapipe) its absence fails the test; elsewhere the test is skipped with a reason.
+pub fn vulkan_device() -> bool {
+    match llamay_vulkan::probe() {
+        Ok(d) if d.iter().any(|d| d.unusable.is_none()) => true,
+        other => {
+            assert!(
+                std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_none(),
+                "no Vulkan device ({:?}); scripts/test installs lavapipe",
+                other.err()
+            );
+            eprintln!("skipped: no Vulkan device");
+            false
+        }
+    }
+}
+
+/// A statistic's value from a perplexity report: the number after `label`.
+pub fn stat(report: &str, label: &str) -> f64 {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label:?} in:\n{report}"));
+    line[label.len()..]
+        .trim_start_matches([' ', ':'])
+        .split([' ', '%'])
+        .find(|s| !s.is_empty())
+        .unwrap()
+        .parse()
+        .unwrap()
+}
