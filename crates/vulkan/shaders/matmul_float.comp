@@ -15,6 +15,7 @@ layout(push_constant) uniform P {
     uint rows;
     uint cols;
     uint n;
+    uint w_offset;  // unused: the quantised kernels' push layout, shared
     uint o_offset;
     uint o_stride;
 } p;

@@ -165,21 +165,7 @@ impl Gpu {
                 w.rows, w.cols
             )));
         }
-        let spec = w.kernel.spec();
-        let mut row0 = 0;
-        for &(buf, rows) in &w.parts {
-            let push = [
-                u32_of(rows)?,
-                u32_of(w.cols)?,
-                u32_of(n)?,
-                u32_of(o_offset + row0)?,
-                u32_of(w.rows)?,
-            ];
-            let groups = [Gpu::groups(rows, spec.local_size)?, u32_of(n)?, 1];
-            self.dispatch(w.kernel, &[buf, x, out], &push, groups)?;
-            row0 += rows;
-        }
-        Ok(())
+        self.dispatch_parts(w, &[x, out], n, o_offset)
     }
 
     /// Buffers for up to `n` rows of `cols` values quantised to Q8_0.
@@ -280,19 +266,33 @@ impl Gpu {
                 a.n * w.rows
             )));
         }
+        self.dispatch_parts(w, &[a.scales, a.quants, out], a.n, o_offset)
+    }
+
+    /// Dispatches `w`'s kernel part by part (each part's rows into their place of every
+    /// token's output row, `o_offset + t * w.rows + row`); `inputs` are the buffers the
+    /// kernel binds after the weights.
+    fn dispatch_parts(
+        &mut self,
+        w: &DeviceMatrix,
+        inputs: &[BufferId],
+        n: usize,
+        o_offset: usize,
+    ) -> Result<(), VulkanError> {
         let spec = w.kernel.spec();
         let mut row0 = 0;
         for &(buf, rows) in &w.parts {
             let push = [
                 u32_of(rows)?,
                 u32_of(w.cols)?,
-                u32_of(a.n)?,
+                u32_of(n)?,
                 0,
                 u32_of(o_offset + row0)?,
                 u32_of(w.rows)?,
             ];
-            let groups = [Gpu::groups(rows, spec.local_size)?, u32_of(a.n)?, 1];
-            self.dispatch(w.kernel, &[buf, a.scales, a.quants, out], &push, groups)?;
+            let groups = [Gpu::groups(rows, spec.local_size)?, u32_of(n)?, 1];
+            let bufs: Vec<BufferId> = std::iter::once(buf).chain(inputs.iter().copied()).collect();
+            self.dispatch(w.kernel, &bufs, &push, groups)?;
             row0 += rows;
         }
         Ok(())
