@@ -254,3 +254,27 @@ fn prompt_file_drops_one_trailing_newline() {
         );
     }
 }
+
+/// A device that is not there, or a malformed choice, is one `error:` line naming it
+/// (not a crash: a failed open closes what it opened, the loader last).
+#[test]
+fn bad_device_choices_are_one_line_errors() {
+    let p = fixture("llama-Q8_0.gguf");
+    let p = p.to_str().unwrap();
+    for (device, needle) in [("vulkan:99", "vulkan:99"), ("gpu", "--device gpu")] {
+        let o = llamay(&["run", p, "-p", "hi", "-n", "1", "--device", device]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        let line = err.lines().last().unwrap_or_default();
+        assert!(
+            line.starts_with("error: ") && line.contains(needle),
+            "{err}"
+        );
+        if device == "vulkan:99" {
+            assert!(
+                line.contains("no Vulkan device 99") || line.contains("no Vulkan loader"),
+                "{err}"
+            );
+        }
+    }
+}

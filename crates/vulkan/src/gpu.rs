@@ -80,21 +80,27 @@ impl Gpu {
     pub fn open(index: usize) -> Result<Gpu, VulkanError> {
         let entry = probe::load_entry()?;
         let instance = probe::create_instance(&entry)?;
-        match Self::open_on(entry, instance.clone(), index) {
-            Ok(gpu) => Ok(gpu),
+        let chosen = Self::choose(&instance, index);
+        let (pd, info, family) = match chosen {
+            Ok(c) => c,
             Err(e) => {
-                // SAFETY: nothing made from the instance survives the failed open.
+                // SAFETY: nothing was made from the instance; the loader (`entry`) is
+                // still open, as destroying needs it.
                 unsafe { instance.destroy_instance(None) };
-                Err(e)
+                return Err(e);
             }
-        }
+        };
+        // From here the Gpu owns the instance: on a failure its `Drop` destroys
+        // whatever exists, the instance last, before the loader is closed.
+        Self::open_on(entry, instance, pd, info, family)
     }
 
-    fn open_on(
-        entry: ash::Entry,
-        instance: ash::Instance,
+    /// Device `index` of the instance, if it can compute: (device, what it is, its
+    /// compute queue family).
+    fn choose(
+        instance: &ash::Instance,
         index: usize,
-    ) -> Result<Gpu, VulkanError> {
+    ) -> Result<(vk::PhysicalDevice, DeviceInfo, u32), VulkanError> {
         // SAFETY: a valid instance.
         let physical =
             unsafe { instance.enumerate_physical_devices() }.check("vkEnumeratePhysicalDevices")?;
@@ -102,20 +108,39 @@ impl Gpu {
             index,
             count: physical.len(),
         })?;
-        let info = probe::describe(&instance, pd, index)?;
+        let info = probe::describe(instance, pd, index)?;
         if let Some(why) = &info.unusable {
             return Err(VulkanError::NoDevice(format!("{}: {why}", info.name)));
         }
-        let family = probe::compute_family(&instance, pd)
+        let family = probe::compute_family(instance, pd)
             .ok_or_else(|| VulkanError::NoDevice(format!("{}: no compute queue", info.name)))?;
+        Ok((pd, info, family))
+    }
+
+    fn open_on(
+        entry: ash::Entry,
+        instance: ash::Instance,
+        pd: vk::PhysicalDevice,
+        info: DeviceInfo,
+        family: u32,
+    ) -> Result<Gpu, VulkanError> {
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
             .queue_priorities(&priorities)];
         let create = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
         // SAFETY: `create` and what it points to live across the call.
-        let device =
-            unsafe { instance.create_device(pd, &create, None) }.check("vkCreateDevice")?;
+        let device = match unsafe { instance.create_device(pd, &create, None) } {
+            Ok(d) => d,
+            Err(result) => {
+                // SAFETY: nothing else was made from the instance; the loader is open.
+                unsafe { instance.destroy_instance(None) };
+                return Err(VulkanError::Call {
+                    call: "vkCreateDevice",
+                    result,
+                });
+            }
+        };
         // SAFETY: the device was created with one queue in `family`.
         let queue = unsafe { device.get_device_queue(family, 0) };
         // SAFETY: a physical device of this instance.
