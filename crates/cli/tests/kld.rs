@@ -29,11 +29,12 @@ fn llamay(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-#[test]
-fn llamay_scores_llama_cpp_s_base_file() {
+/// `perplexity --kl-divergence` of the `llama-F32` fixture against llama.cpp's base
+/// file, `extra` added (a device): the report, and its (mean KLD, max KLD, same top).
+fn score_llama_cpp_s_base(extra: &[&str]) -> (String, f64, f64, f64) {
     let model = fixture("llama-F32.gguf");
     let base = data("llama-F32.kld");
-    let out = llamay(&[
+    let mut args = vec![
         "perplexity",
         model.to_str().unwrap(),
         "--kv",
@@ -41,7 +42,19 @@ fn llamay_scores_llama_cpp_s_base_file() {
         "--kl-divergence-base",
         base.to_str().unwrap(),
         "--kl-divergence",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let out = llamay(&args);
+    let kld = stat(&out, "Mean    KLD");
+    let max = stat(&out, "Maximum KLD");
+    let top = stat(&out, "Same top p");
+    eprintln!("{extra:?}: mean KLD {kld:e}, max {max:e}, same top {top}%");
+    (out, kld, max, top)
+}
+
+#[test]
+fn llamay_scores_llama_cpp_s_base_file() {
+    let (out, kld, max, top) = score_llama_cpp_s_base(&[]);
     for section in [
         "====== Perplexity statistics ======",
         "====== KL divergence statistics ======",
@@ -49,10 +62,6 @@ fn llamay_scores_llama_cpp_s_base_file() {
     ] {
         assert!(out.contains(section), "{out}");
     }
-    let kld = stat(&out, "Mean    KLD");
-    let max = stat(&out, "Maximum KLD");
-    let top = stat(&out, "Same top p");
-    eprintln!("mean KLD {kld:e}, max {max:e}, same top {top}%");
     // The fixture agrees with llama.cpp to ~1e-5 in its logits; what is left is the
     // base file's 16-bit quantisation of the log-probabilities.
     assert!(kld.abs() < 1e-5 && max < 1e-4, "{out}");
@@ -189,23 +198,7 @@ fn the_device_path_scores_llama_cpp_s_base_file_as_closely() {
     if !vulkan_device() {
         return;
     }
-    let model = fixture("llama-F32.gguf");
-    let base = data("llama-F32.kld");
-    let out = llamay(&[
-        "perplexity",
-        model.to_str().unwrap(),
-        "--kv",
-        "f32",
-        "--kl-divergence-base",
-        base.to_str().unwrap(),
-        "--kl-divergence",
-        "--device",
-        "vulkan",
-    ]);
-    let kld = stat(&out, "Mean    KLD");
-    let max = stat(&out, "Maximum KLD");
-    let top = stat(&out, "Same top p");
-    eprintln!("device: mean KLD {kld:e}, max {max:e}, same top {top}%");
+    let (out, kld, max, top) = score_llama_cpp_s_base(&["--device", "vulkan"]);
     assert!(kld.abs() < 1e-5 && max < 1e-4, "{out}");
     assert_eq!(top, 100.0, "{out}");
 }

@@ -69,6 +69,16 @@ pub enum CacheType {
     F16,
 }
 
+impl CacheType {
+    /// The 32-bit words `values` cache values take.
+    pub fn words(self, values: usize) -> usize {
+        match self {
+            CacheType::F32 => values,
+            CacheType::F16 => values.div_ceil(2),
+        }
+    }
+}
+
 /// One step of a block over device buffers; offsets and lengths count values.
 #[derive(Clone, Copy, Debug)]
 pub enum Op {

@@ -672,6 +672,11 @@ impl KvPool {
             .unwrap_or_default()
     }
 
+    /// Layer `layer`'s sliding window (positions a token sees, itself included), if any.
+    pub(crate) fn window(&self, layer: usize) -> Option<usize> {
+        self.windows[layer]
+    }
+
     /// Most pages the pool may hold (over every layer).
     pub(crate) fn page_budget(&self) -> usize {
         self.store.budget

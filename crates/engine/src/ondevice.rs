@@ -6,6 +6,7 @@
 //! write). A step uploads its embedding rows, rope angles and page targets, records
 //! every block step, and reads back only the rows it returns.
 
+use crate::Model;
 use crate::arch::{FfnKind, NormKind, RopeStyle};
 use crate::attention::Slot;
 use crate::backend::Backend;
@@ -16,7 +17,6 @@ use crate::device::{
 use crate::forward::Scratch;
 use crate::kv::{KvPool, KvPrecision, PAGE, SeqId, first_seen};
 use crate::weights::{Ffn, HeadNorm, Layer, Linear, Norm};
-use crate::{Model, tensor::matmul_quantized};
 use llamay_kernels::{QuantizedRows, ThreadPool};
 use std::collections::HashMap;
 
@@ -37,7 +37,7 @@ pub(crate) struct DeviceState {
     matrices: HashMap<usize, DeviceMatrix>,
     /// Norm weights, biases and sinks, by the address of their host copy.
     vectors: HashMap<usize, DeviceBuf>,
-    /// The KV pool's pages: `budget × PAGE` rows of k_dim (v_dim) f32 values.
+    /// The KV pool's pages: `budget × PAGE` rows of k_dim (v_dim) values, f32 or f16.
     k_cache: DeviceBuf,
     v_cache: DeviceBuf,
     cache: CacheType,
@@ -99,10 +99,7 @@ impl Model<'_> {
         let cfg = &self.config;
         let mut why = Vec::new();
         if !cfg.causal {
-            why.push(format!(
-                "{} is an encoder: its attention over a batch's own pages runs on the CPU",
-                cfg.arch.name
-            ));
+            why.push(format!("{} is {ENCODER}", cfg.arch.name));
         }
         if self
             .weights
@@ -110,7 +107,7 @@ impl Model<'_> {
             .iter()
             .any(|l| matches!(l.ffn, Ffn::Moe(_)))
         {
-            why.push("a mixture of experts: the device has no expert routing yet".into());
+            why.push(MIXTURE.into());
         }
         if cache_type(kv).is_none() {
             why.push(format!(
@@ -160,15 +157,16 @@ impl Model<'_> {
         // does not fit is refused naming both sizes (its layers are not split between
         // the device and the CPU).
         let cache = cache_type(p.kv).expect("refused above");
-        let per_word = if cache == CacheType::F16 { 2 } else { 1 };
         let c = &self.config;
-        let kv_bytes =
-            (ctx.kv.page_budget().max(1) * PAGE * (c.k_dim() + c.v_dim()) / per_word * 4) as u64;
+        let rows = ctx.kv.page_budget().max(1) * PAGE;
+        let (k_words, v_words) = (cache.words(rows * c.k_dim()), cache.words(rows * c.v_dim()));
+        let kv_bytes = (k_words + v_words) as u64 * 4;
+        // The matrices the device takes, each once (a tied output is the embedding).
         let mut seen = std::collections::HashSet::new();
-        let weight_bytes: u64 = (self.weights.linears())
+        let placed: Vec<&Linear<'_>> = (self.weights.linears())
             .filter(|l| dev.declines(l.w.ty).is_none() && seen.insert(l.w.data.as_ptr() as usize))
-            .map(|l| l.w.data.len() as u64)
-            .sum();
+            .collect();
+        let weight_bytes: u64 = placed.iter().map(|l| l.w.data.len() as u64).sum();
         let need = weight_bytes + kv_bytes;
         if need > dev.memory_bytes() {
             return Err(ContextError::Device(format!(
@@ -181,18 +179,11 @@ impl Model<'_> {
             )));
         }
         let mut matrices = HashMap::new();
-        for l in self.weights.linears() {
-            if dev.declines(l.w.ty).is_some() {
-                continue;
-            }
-            let key = l.w.data.as_ptr() as usize;
-            if matrices.contains_key(&key) {
-                continue;
-            }
+        for l in placed {
             let m = dev
                 .upload_matrix(l.w.name, l.w.ty, l.w.rows, l.w.cols, l.w.data)
                 .map_err(failed)?;
-            matrices.insert(key, m);
+            matrices.insert(l.w.data.as_ptr() as usize, m);
         }
         let mut vectors = HashMap::new();
         for v in self.weights.vectors() {
@@ -206,20 +197,9 @@ impl Model<'_> {
             dev.write_f32(buf, 0, v).map_err(failed)?;
             vectors.insert(key, buf);
         }
-        // f16 pages: two values a word.
-        let rows = ctx.kv.page_budget().max(1) * PAGE;
-        let k_cache = dev
-            .alloc(
-                rows * c.k_dim() / per_word,
-                "the KV cache's keys (-c sizes it)",
-            )
-            .map_err(failed)?;
-        let v_cache = dev
-            .alloc(
-                rows * c.v_dim() / per_word,
-                "the KV cache's values (-c sizes it)",
-            )
-            .map_err(failed)?;
+        let k_cache = (dev.alloc(k_words, "the KV cache's keys (-c sizes it)")).map_err(failed)?;
+        let v_cache =
+            (dev.alloc(v_words, "the KV cache's values (-c sizes it)")).map_err(failed)?;
         let table = crate::ops::gelu_table();
         let words: Vec<u32> = (table.chunks(2))
             .map(|p| u32::from(p[0]) | u32::from(p[1]) << 16)
@@ -251,14 +231,6 @@ impl Model<'_> {
 }
 
 impl DeviceState {
-    /// Values a page row takes in the device's cache (f16: two a word).
-    fn words(&self, dim: usize) -> usize {
-        match self.cache {
-            CacheType::F32 => dim,
-            CacheType::F16 => dim / 2,
-        }
-    }
-
     /// The device's row as f32 (f16 pages widened, exactly).
     fn decode_row(&self, words: &[f32]) -> Vec<f32> {
         match self.cache {
@@ -294,7 +266,7 @@ impl DeviceState {
         s: SeqId,
     ) -> Result<(), crate::KvError> {
         let (kd, vd) = (cfg.k_dim(), cfg.v_dim());
-        let (kw, vw) = (self.words(kd), self.words(vd));
+        let (kw, vw) = (self.cache.words(kd), self.cache.words(vd));
         let failed = |e: DeviceError| crate::KvError::Device(e.to_string());
         for id in kv.pages_of_seq(s)? {
             let row0 = id as usize * PAGE;
@@ -322,7 +294,7 @@ impl DeviceState {
         cfg: &crate::Config,
         s: SeqId,
     ) -> Result<(), crate::KvError> {
-        let (kw, vw) = (self.words(cfg.k_dim()), self.words(cfg.v_dim()));
+        let (kw, vw) = (self.cache.words(cfg.k_dim()), self.cache.words(cfg.v_dim()));
         let failed = |e: DeviceError| crate::KvError::Device(e.to_string());
         for id in kv.pages_of_seq(s)? {
             let row0 = id as usize * PAGE;
@@ -407,7 +379,6 @@ pub(crate) struct OnDevice<'s, 'm> {
     pub model: &'m Model<'m>,
     pub pool: &'s ThreadPool,
     st: &'s mut DeviceState,
-    n_layer: usize,
     n: usize,
     /// The first failure; every later operation is skipped and `run` returns it.
     pub err: Option<DeviceError>,
@@ -427,10 +398,9 @@ impl<'s, 'm> OnDevice<'s, 'm> {
         let n_layer = cfg.n_layer;
         let n = plan.slots.len();
         let dev = &mut *st.dev;
-        let per_word = if st.cache == CacheType::F16 { 2 } else { 1 };
+        let (kd, vd) = (st.cache.words(cfg.k_dim()), st.cache.words(cfg.v_dim()));
         for (from, to) in kv.take_copies() {
             let (f, t) = (from as usize * PAGE, to as usize * PAGE);
-            let (kd, vd) = (cfg.k_dim() / per_word, cfg.v_dim() / per_word);
             dev.copy(st.k_cache, f * kd, st.k_cache, t * kd, PAGE * kd)?;
             dev.copy(st.v_cache, f * vd, st.v_cache, t * vd, PAGE * vd)?;
         }
@@ -442,7 +412,7 @@ impl<'s, 'm> OnDevice<'s, 'm> {
         // first position seen, end).
         let (mut tables, mut slots) = (Vec::new(), Vec::with_capacity(n_layer * n * 3));
         for il in 0..n_layer {
-            let window = (cfg.swa_layers[il] && cfg.n_swa > 0).then_some(cfg.n_swa);
+            let window = kv.window(il);
             let mut offsets = Vec::with_capacity(plan.seqs.len());
             for &s in plan.seqs {
                 offsets.push(tables.len() as u32);
@@ -474,7 +444,6 @@ impl<'s, 'm> OnDevice<'s, 'm> {
             model,
             pool,
             st,
-            n_layer,
             n,
             err: None,
         })
@@ -507,32 +476,59 @@ fn norm_op(kind: NormKind) -> NormOp {
     }
 }
 
-/// `out = norm(x)` on the device (`out` may be `x`).
-#[allow(clippy::too_many_arguments)]
+/// A normalisation's parameters, as host vectors the device holds copies of.
+struct NormArgs<'a> {
+    kind: NormOp,
+    w: &'a [f32],
+    /// The weight row of row `r` is row `r % w_rows` (per-head norms).
+    w_rows: usize,
+    b: Option<&'a [f32]>,
+    eps: f32,
+}
+
+impl<'a> NormArgs<'a> {
+    fn of(norm: &'a Norm, kind: NormKind, eps: f32) -> Self {
+        NormArgs {
+            kind: norm_op(kind),
+            w: &norm.weight,
+            w_rows: 1,
+            b: norm.bias.as_deref(),
+            eps,
+        }
+    }
+
+    /// The post-norms': RMS by `w`, no bias.
+    fn rms(w: &'a [f32], eps: f32) -> Self {
+        NormArgs {
+            kind: NormOp::Rms,
+            w,
+            w_rows: 1,
+            b: None,
+            eps,
+        }
+    }
+}
+
+/// `out = norm(x)` for rows of `cols` on the device (`out` may be `x`).
 fn record_norm(
     st: &mut DeviceState,
-    x: DeviceBuf,
+    x: &DevAct,
     out: DeviceBuf,
-    len: usize,
     cols: usize,
-    kind: NormOp,
-    w: Option<&[f32]>,
-    w_rows: usize,
-    b: Option<&[f32]>,
-    eps: f32,
+    a: NormArgs<'_>,
 ) -> Result<(), DeviceError> {
-    let w = w.map(|w| OnDevice::vector(st, w)).transpose()?;
-    let b = b.map(|b| OnDevice::vector(st, b)).transpose()?;
+    let w = Some(OnDevice::vector(st, a.w)?);
+    let b = a.b.map(|b| OnDevice::vector(st, b)).transpose()?;
     st.dev.run(&Op::Norm {
-        kind,
-        x,
+        kind: a.kind,
+        x: buf(x)?,
         out,
-        rows: len / cols,
+        rows: x.len / cols,
         cols,
         w,
-        w_rows,
+        w_rows: a.w_rows,
         b,
-        eps,
+        eps: a.eps,
     })
 }
 
@@ -564,10 +560,8 @@ fn record_linear(
     // write, so this step is no longer one submission).
     let mut host = vec![0f32; x.len];
     st.dev.read(xb, 0, &mut host)?;
-    llamay_kernels::quantize_rows_into(l.w.ty.vec_dot_type(), &host, l.w.cols, pool, &mut st.act);
     let mut y = Vec::new();
-    matmul_quantized(&l.w, l.packed.as_ref(), &st.act, &mut y, pool);
-    crate::ops::add_bias(&mut y, l.b.as_ref(), l.w.rows);
+    crate::cpu::linear(l, &host, &mut st.act, &mut y, pool);
     st.dev.write_f32(ob, 0, &y)
 }
 
@@ -587,19 +581,7 @@ impl Backend for OnDevice<'_, '_> {
     fn norm(&mut self, x: &mut DevAct, norm: &Norm, kind: NormKind, eps: f32, cols: usize) {
         self.step(|st| {
             let b = buf(x)?;
-            let bias = norm.bias.as_deref();
-            record_norm(
-                st,
-                b,
-                b,
-                x.len,
-                cols,
-                norm_op(kind),
-                Some(&norm.weight),
-                1,
-                bias,
-                eps,
-            )
+            record_norm(st, x, b, cols, NormArgs::of(norm, kind, eps))
         });
     }
 
@@ -613,14 +595,10 @@ impl Backend for OnDevice<'_, '_> {
         cols: usize,
     ) {
         self.step(|st| {
-            let xb = buf(x)?;
             let ob = ensure(&mut *st.dev, out, x.len, "a normalised row")?;
             match norm {
-                Some(n) => {
-                    let (w, b) = (Some(&n.weight[..]), n.bias.as_deref());
-                    record_norm(st, xb, ob, x.len, cols, norm_op(kind), w, 1, b, eps)
-                }
-                None => st.dev.copy(xb, 0, ob, 0, x.len),
+                Some(n) => record_norm(st, x, ob, cols, NormArgs::of(n, kind, eps)),
+                None => st.dev.copy(buf(x)?, 0, ob, 0, x.len),
             }
         });
     }
@@ -628,26 +606,21 @@ impl Backend for OnDevice<'_, '_> {
     fn rms(&mut self, x: &mut DevAct, w: &[f32], eps: f32, cols: usize) {
         self.step(|st| {
             let b = buf(x)?;
-            record_norm(st, b, b, x.len, cols, NormOp::Rms, Some(w), 1, None, eps)
+            record_norm(st, x, b, cols, NormArgs::rms(w, eps))
         });
     }
 
     fn head_norm(&mut self, x: &mut DevAct, n: &HeadNorm, eps: f32, hd: usize) {
         self.step(|st| {
             let b = buf(x)?;
-            let w_rows = if n.per_head { n.weight.len() / hd } else { 1 };
-            record_norm(
-                st,
-                b,
-                b,
-                x.len,
-                hd,
-                norm_op(n.kind),
-                Some(&n.weight),
-                w_rows,
-                None,
+            let args = NormArgs {
+                kind: norm_op(n.kind),
+                w: &n.weight,
+                w_rows: if n.per_head { n.weight.len() / hd } else { 1 },
+                b: None,
                 eps,
-            )
+            };
+            record_norm(st, x, b, hd, args)
         });
     }
 
@@ -694,8 +667,7 @@ impl Backend for OnDevice<'_, '_> {
         out: &mut DevAct,
     ) {
         let cfg = &self.model.config;
-        let (n, n_layer) = (self.n, self.n_layer);
-        debug_assert!(il < n_layer);
+        let n = self.n;
         let shape = AttentionShape {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
@@ -801,8 +773,7 @@ impl Backend for OnDevice<'_, '_> {
                 record_linear(st, pool, &ffn.down, &up, out)?;
                 if let Some(w) = &layer.post_ffn_norm {
                     let b = buf(out)?;
-                    let (len, e, eps) = (out.len, cfg.n_embd, cfg.norm_eps);
-                    record_norm(st, b, b, len, e, NormOp::Rms, Some(w), 1, None, eps)?;
+                    record_norm(st, out, b, cfg.n_embd, NormArgs::rms(w, cfg.norm_eps))?;
                 }
                 Ok(())
             })();

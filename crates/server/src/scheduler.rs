@@ -209,23 +209,9 @@ impl Scheduler {
             .context(ContextParams::new(Threads(1), config.kv, n_ctx))
             .map_err(|e| e.to_string())?;
         drop(probe);
-        // The device is opened here, and what it does not run refused here, by name; it
-        // is placed (weights, pages) on the engine thread, which says when it is ready.
-        let device = match device {
-            Some(open) => {
-                let why = model.device_unsupported(config.kv);
-                let dev = open()?;
-                if !why.is_empty() {
-                    return Err(format!(
-                        "{} does not run this model: {}",
-                        dev.describe(),
-                        why.join("; ")
-                    ));
-                }
-                Some(dev)
-            }
-            None => None,
-        };
+        // The device is opened here; the engine thread places the model there (or
+        // refuses it, naming what the device does not run) and says when it is ready.
+        let device = device.map(|open| open()).transpose()?;
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (tx, rx) = mpsc::channel();
         let gauges = Arc::new(Gauges::default());

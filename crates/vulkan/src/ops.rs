@@ -186,19 +186,6 @@ impl Gpu {
         })
     }
 
-    /// Records the quantisation of `n` rows of `cols` f32 values (starting at value
-    /// `x_offset` of `x`) to Q8_0 into `out`.
-    pub fn quantize_q8_0(
-        &mut self,
-        x: BufferId,
-        x_offset: usize,
-        n: usize,
-        cols: usize,
-        out: &mut Q8Rows,
-    ) -> Result<(), VulkanError> {
-        self.quantize(GgmlType::Q8_0, x, x_offset, n, cols, out)
-    }
-
     /// Records the quantisation of `n` rows of `cols` f32 values to `ty` (Q8_0 or
     /// Q8_K: a weight's dot type) into `out`.
     pub fn quantize(

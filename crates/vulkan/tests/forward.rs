@@ -79,19 +79,9 @@ fn every_row_and_format_runs_on_the_device_or_is_declined_by_name() {
     drop(probe);
     // Every format the device runs (the quantised ones giving the CPU's bits, the float
     // ones summing in f32).
-    let formats = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q5_0,
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-    ];
+    let formats: Vec<GgmlType> = (common::QUANTISED.into_iter())
+        .chain([GgmlType::F32, GgmlType::F16, GgmlType::BF16])
+        .collect();
     let (mut ran, mut declined, mut worst, mut worst_mean) = (0, 0, 0f32, 0f32);
     for arch in ARCHITECTURES {
         for (i, &ty) in formats.iter().enumerate() {

@@ -78,7 +78,7 @@ fn quantize_q8_0_gives_ggml_cpus_bytes() -> Result<(), VulkanError> {
     let xb = gpu.buffer((x.len() * 4) as u64, "x")?;
     gpu.write(xb, 0, &f32_bytes(&x))?;
     let mut q = gpu.q8_rows(n, cols)?;
-    gpu.quantize_q8_0(xb, 0, n, cols, &mut q)?;
+    gpu.quantize(GgmlType::Q8_0, xb, 0, n, cols, &mut q)?;
     let blocks = n * cols / 32;
     let mut scales = vec![0f32; blocks];
     gpu.read_f32(q.scales, 0, &mut scales)?;
@@ -103,16 +103,7 @@ fn quantize_q8_0_gives_ggml_cpus_bytes() -> Result<(), VulkanError> {
 fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
     let Some(mut gpu) = gpu() else { return Ok(()) };
     let (rows, cols) = (70, 320);
-    for ty in [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q5_0,
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ] {
+    for ty in common::QUANTISED {
         let (rows, cols) = if ty.block_size() == 256 {
             (70, 512)
         } else {
@@ -163,7 +154,7 @@ fn work_is_submitted_once_per_flush_and_declines_name_the_format() -> Result<(),
     let before = gpu.stats();
     // Ten projections recorded, one read: one submission, only the outputs read back.
     for _ in 0..10 {
-        gpu.quantize_q8_0(xb, 0, 1, cols, &mut q)?;
+        gpu.quantize(GgmlType::Q8_0, xb, 0, 1, cols, &mut q)?;
         gpu.matmul(&dm, &q, out, 0)?;
     }
     let mut got = vec![0f32; rows];

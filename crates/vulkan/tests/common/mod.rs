@@ -6,6 +6,18 @@ use llamay_formats::GgmlType;
 use llamay_gguf::{GgufFile, Model as Gguf};
 use llamay_synth::{ModelFile, Spec};
 
+/// The quantised weight formats the device runs (each giving the CPU kernels' bits).
+pub const QUANTISED: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 /// The index of the device to test on: `LLAMAY_VULKAN_TEST_DEVICE`, else the first
 /// usable one. Without any, the test fails under the test command (which installs
 /// lavapipe) and is skipped elsewhere.
