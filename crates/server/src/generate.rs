@@ -118,7 +118,7 @@ pub fn grammar_of_format(field: &str, v: Option<&Value>) -> Result<Option<Arc<Ru
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) if s == "json" => Ok(Some(Rules::json())),
+        Some(Value::String(s)) if s == "json" => Ok(Some(Rules::json_object())),
         Some(Value::String(s)) => Err(ApiError::field(
             field,
             format!("\"{s}\" is not a format; give \"json\" or a JSON Schema object"),

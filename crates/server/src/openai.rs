@@ -209,7 +209,7 @@ impl ChatRequest {
             None | Some(Value::Null) => extension_grammar(body)?,
             Some(rf) => match rf.get("type").and_then(Value::as_str) {
                 Some("text") => None,
-                Some("json_object") => Some(llamay_engine::grammar::Rules::json()),
+                Some("json_object") => Some(llamay_engine::grammar::Rules::json_object()),
                 Some("json_schema") => {
                     let schema = rf
                         .get("json_schema")

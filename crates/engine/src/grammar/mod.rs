@@ -145,6 +145,13 @@ impl Rules {
             .expect("the JSON grammar parses")
     }
 
+    /// Any JSON object: JSON mode as Ollama (`format: "json"`, whose grammar is
+    /// `root ::= object`) and OpenAI (`response_format: json_object`) give it.
+    pub fn json_object() -> Arc<Self> {
+        Self::json_schema(&serde_json::json!({"type": "object"}))
+            .expect("the object schema compiles")
+    }
+
     /// A JSON Schema's grammar (`--json-schema`).
     pub fn json_schema(schema: &serde_json::Value) -> Result<Arc<Self>, GrammarError> {
         Self::gbnf(&schema::to_gbnf(schema)?)

@@ -75,6 +75,18 @@ fn gbnf_errors_name_the_problem() {
 }
 
 #[test]
+fn json_mode_takes_objects_only() {
+    let g = Rules::json_object();
+    for ok in ["{}", "{\"a\": [1, {\"b\": null}]}", "{ \"k\": \"v\" }"] {
+        assert!(accepts(&g, ok), "{ok}");
+    }
+    // What the any-value grammar let through in JSON mode (seen on the wire).
+    for bad in ["1.1", "-1", "\"name\"", "[]", "true", "null"] {
+        assert!(!accepts(&g, bad), "{bad}");
+    }
+}
+
+#[test]
 fn the_json_grammar_takes_json_and_only_json() {
     let g = Rules::json();
     for ok in [
@@ -373,10 +385,63 @@ proptest! {
 #[test]
 fn schemas_refuse_what_they_cannot_enforce_by_name() {
     for (s, want) in [
-        (json!({"type": "string", "pattern": "^a$"}), "`pattern`"),
-        (json!({"type": "string", "format": "date-time"}), "`format`"),
-        (json!({"type": "integer", "minimum": 3}), "`minimum`"),
-        (json!({"allOf": [{}]}), "`allOf`"),
+        (json!({"type": "string", "pattern": "^(?=a)"}), "lookaround"),
+        (
+            json!({"type": "string", "pattern": "(a)\\1"}),
+            "backreferences",
+        ),
+        (
+            json!({"type": "string", "pattern": "\\bword"}),
+            "word boundaries",
+        ),
+        (
+            json!({"type": "string", "pattern": "a(^b)"}),
+            "anchor inside",
+        ),
+        (
+            json!({"type": "string", "format": "password"}),
+            "\"password\"",
+        ),
+        (
+            json!({"type": "string", "format": "date", "maxLength": 5}),
+            "length bound",
+        ),
+        (
+            json!({"type": "string", "pattern": "^a+$", "maxLength": 5}),
+            "beside `pattern`",
+        ),
+        (json!({"type": "number", "minimum": 0.5}), "bound of 0.5"),
+        (
+            json!({"type": "integer", "minimum": 5, "maximum": 4}),
+            "admit no value",
+        ),
+        (
+            json!({"type": "integer", "exclusiveMinimum": true}),
+            "draft-4",
+        ),
+        (
+            json!({"type": "array", "uniqueItems": true}),
+            "`uniqueItems`",
+        ),
+        (
+            json!({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}),
+            "distinct",
+        ),
+        (
+            json!({"allOf": [{"type": "string"}, {"type": "integer"}]}),
+            "`allOf`",
+        ),
+        (
+            json!({"allOf": [{"properties": {"a": {"type": "string"}}, "additionalProperties": false},
+                          {"properties": {"b": {"type": "string"}}}]}),
+            "forbids",
+        ),
+        (
+            json!({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}},
+                          {"type": "object", "properties": {"k": {"const": "a"}}}],
+                "discriminator": {"propertyName": "k"}}),
+            "anyOf",
+        ),
         (
             json!({"$ref": "https://example.com/s.json"}),
             "within the document",
@@ -459,4 +524,345 @@ proptest! {
             prop_assert!(c.accept(ok[s as usize % ok.len()]));
         }
     }
+}
+
+/// Every integer of a window (and a few far ones) against the bounds, for ranges on
+/// either side of zero, exclusive and open ones included.
+#[test]
+fn integer_bounds_admit_exactly_the_range() {
+    let cases: &[(Value, i64, i64)] = &[
+        (json!({"minimum": 0}), 0, i64::MAX),
+        (json!({"minimum": 1, "maximum": 100}), 1, 100),
+        (json!({"minimum": -17, "maximum": 230}), -17, 230),
+        (
+            json!({"exclusiveMinimum": -5, "exclusiveMaximum": 5}),
+            -4,
+            4,
+        ),
+        (json!({"maximum": -3}), i64::MIN, -3),
+        (json!({"minimum": 7, "maximum": 7}), 7, 7),
+        (json!({"minimum": 99, "maximum": 1001}), 99, 1001),
+        (json!({"minimum": 2.5, "maximum": 9.5}), 3, 9),
+        (
+            json!({"minimum": -1000, "exclusiveMaximum": -999}),
+            -1000,
+            -1000,
+        ),
+        (
+            json!({"minimum": 0, "exclusiveMinimum": 10, "maximum": 20}),
+            11,
+            20,
+        ),
+    ];
+    for (bounds, lo, hi) in cases {
+        let mut s = bounds.clone();
+        s["type"] = json!("integer");
+        let g = Rules::json_schema(&s).unwrap();
+        let far = [
+            12_345_678_i64,
+            -12_345_678,
+            9_999_999_999_999_999,
+            -9_999_999_999_999_999,
+        ];
+        for n in (-1200..=1200).chain(far) {
+            assert_eq!(
+                accepts(&g, &n.to_string()),
+                (*lo..=*hi).contains(&n),
+                "{s}: {n}"
+            );
+        }
+        for bad in ["007", "-0", "1.0", "1e2", "99999999999999999", "+5"] {
+            let v: f64 = bad.parse().unwrap_or(f64::NAN);
+            if !(v >= *lo as f64 && v <= *hi as f64) || bad.len() > 1 {
+                assert!(!accepts(&g, bad), "{s}: {bad}");
+            }
+        }
+    }
+}
+
+#[test]
+fn number_bounds_admit_exactly_the_range() {
+    let cases: &[(Value, f64, bool, f64, bool)] = &[
+        (json!({"minimum": 0}), 0.0, false, f64::INFINITY, false),
+        (json!({"minimum": 0, "maximum": 1}), 0.0, false, 1.0, false),
+        (
+            json!({"exclusiveMinimum": 0, "exclusiveMaximum": 1}),
+            0.0,
+            true,
+            1.0,
+            true,
+        ),
+        (
+            json!({"minimum": -3, "exclusiveMaximum": 2}),
+            -3.0,
+            false,
+            2.0,
+            true,
+        ),
+        (
+            json!({"exclusiveMaximum": -1}),
+            f64::NEG_INFINITY,
+            false,
+            -1.0,
+            true,
+        ),
+        (
+            json!({"minimum": -10, "maximum": 25}),
+            -10.0,
+            false,
+            25.0,
+            false,
+        ),
+    ];
+    let mut samples = Vec::new();
+    for i in -40..=40 {
+        samples.push(format!("{i}"));
+        for f in [".5", ".25", ".05", ".999"] {
+            samples.push(format!("{i}{f}"));
+        }
+    }
+    samples.extend(["-0.5", "-0.05", "0.0", "1.0", "1e1"].map(String::from));
+    for (bounds, lo, lo_x, hi, hi_x) in cases {
+        let mut s = bounds.clone();
+        s["type"] = json!("number");
+        let g = Rules::json_schema(&s).unwrap();
+        for t in &samples {
+            let v: f64 = t.parse().unwrap();
+            let inside = (if *lo_x { v > *lo } else { v >= *lo })
+                && (if *hi_x { v < *hi } else { v <= *hi });
+            // Fractions ending in 0 (and exponents) are outside the grammar: a subset.
+            let written = !(t.contains('e') || t.contains('.') && t.ends_with('0'));
+            assert_eq!(accepts(&g, t), inside && written, "{s}: {t}");
+        }
+    }
+}
+
+fn json_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+/// Patterns against the `regex` crate's matching of the same pattern (ASCII samples,
+/// where its syntax and ECMA's agree), through the JSON encoding of each sample.
+#[test]
+fn patterns_match_what_the_regex_matches() {
+    let patterns = [
+        "^[A-Z]{2}-[0-9]{3,4}$",
+        "^\\d+(\\.\\d{1,2})?$",
+        "^(red|green|blue)$",
+        "^[a-z_][a-z0-9_]*$",
+        "^\\w+@\\w+\\.com$",
+        "ab+c",
+        "^[^aeiou]*$",
+        "x?y{2}$",
+        "^(?:a|b)*c$",
+        "^\\s*\\S+$",
+        "^[\\-+]?\\d$",
+        "^\"q\"\\\\n$",
+        "^.{3}$",
+        "^(ab|cd){1,2}e?$",
+        "^[\\x41-\\x43]+$",
+    ];
+    let samples = [
+        "",
+        "AB-123",
+        "AB-1234",
+        "ab-123",
+        "AB-12",
+        "12",
+        "12.5",
+        "12.345",
+        "1.",
+        "red",
+        "green",
+        "blue",
+        "redd",
+        "_x1",
+        "1x",
+        "a@b.com",
+        "a@b.org",
+        "abbc",
+        "xxabcxx",
+        "ac",
+        "bcd",
+        "yy",
+        "xyy",
+        "xyyz",
+        "aabbc",
+        "c",
+        "  word",
+        "two words",
+        "-1",
+        "+9",
+        "--1",
+        "\"q\"\\n",
+        "\"q\"",
+        "abc",
+        "ab",
+        "a\"c",
+        "a\\c",
+        "abcd",
+        "cde",
+        "abe",
+        "ABC",
+        "ABD",
+        "a b",
+        "tab\t",
+        "new\nline",
+    ];
+    for p in patterns {
+        let g = Rules::json_schema(&json!({"type": "string", "pattern": p})).unwrap();
+        let re = regex::Regex::new(p).unwrap();
+        for s in samples {
+            assert_eq!(accepts(&g, &json_string(s)), re.is_match(s), "{p} on {s:?}");
+        }
+    }
+    // `.` is any character but a line terminator, non-ASCII included.
+    let g = Rules::json_schema(&json!({"type": "string", "pattern": "^.$"})).unwrap();
+    assert!(accepts(&g, "\"é\"") && accepts(&g, "\"日\"") && accepts(&g, "\"\\\"\""));
+    assert!(!accepts(&g, "\"\\n\"") && !accepts(&g, "\"\u{2028}\""));
+}
+
+/// Random walks through each format's grammar: every one a valid value (dates that
+/// exist in every year, times with an offset, version-4-shaped UUIDs).
+#[test]
+fn formats_write_only_valid_values() {
+    let days = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    let date_ok = |d: &str| {
+        let p: Vec<&str> = d.split('-').collect();
+        p.len() == 3 && p[0].len() == 4 && p[0] != "0000" && {
+            let (m, day): (usize, u32) = (p[1].parse().unwrap(), p[2].parse().unwrap());
+            (1..=12).contains(&m)
+                && day >= 1
+                && day <= days[m - 1]
+                && p[1].len() == 2
+                && p[2].len() == 2
+        }
+    };
+    let time_ok = |t: &str| {
+        let (hms, rest) = t.split_at(8);
+        let f: Vec<u32> = hms.split(':').map(|x| x.parse().unwrap()).collect();
+        f[0] < 24
+            && f[1] < 60
+            && f[2] < 60
+            && (rest.ends_with('Z')
+                || rest.len() >= 6 && rest[rest.len() - 6..].starts_with(['+', '-']))
+    };
+    for (format, check) in [
+        ("date", &date_ok as &dyn Fn(&str) -> bool),
+        ("time", &time_ok),
+        ("date-time", &|s: &str| {
+            s.len() > 11 && date_ok(&s[..10]) && &s[10..11] == "T" && time_ok(&s[11..])
+        }),
+        ("uuid", &|s: &str| {
+            s.len() == 36 && s.split('-').map(str::len).eq([8, 4, 4, 4, 12])
+        }),
+        ("ipv4", &|s: &str| {
+            s.split('.')
+                .filter(|o| o.parse::<u8>().is_ok() && (o.len() == 1 || !o.starts_with('0')))
+                .count()
+                == 4
+        }),
+        ("email", &|s: &str| {
+            s.split('@').count() == 2 && s.rsplit('.').next().unwrap().len() >= 2
+        }),
+        ("uri", &|s: &str| {
+            s.starts_with("http://") || s.starts_with("https://")
+        }),
+        ("duration", &|s: &str| {
+            s.starts_with('P') && s.len() >= 3 && !s.ends_with('T')
+        }),
+    ] {
+        let rules = Rules::json_schema(&json!({"type": "string", "format": format})).unwrap();
+        let mut finished = 0;
+        for seed in 0..60 {
+            let (mut c, eog) = constraint(rules.clone());
+            if let Some(text) = walk(&mut c, eog, seed, 400) {
+                let v: String = serde_json::from_str(&text).unwrap();
+                assert!(check(&v), "{format}: {v:?}");
+                finished += 1;
+            }
+        }
+        assert!(finished > 30, "{format}: {finished} walks finished");
+    }
+    let d = Rules::json_schema(&json!({"type": "string", "format": "date"})).unwrap();
+    for bad in [
+        "2023-02-29",
+        "2023-04-31",
+        "2023-13-01",
+        "2023-00-10",
+        "23-01-01",
+    ] {
+        assert!(!accepts(&d, &json_string(bad)), "{bad}");
+    }
+    assert!(accepts(&d, &json_string("2024-12-31")));
+}
+
+#[test]
+fn all_of_prefix_items_extra_properties_and_discriminators() {
+    // allOf over one $ref (pydantic's field-with-description shape) and over objects.
+    let s = json!({"$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+        "type": "object", "properties": {"p": {"allOf": [{"$ref": "#/$defs/P"}], "description": "d"}}, "required": ["p"]});
+    let g = Rules::json_schema(&s).unwrap();
+    assert!(accepts(&g, "{\"p\": {\"x\": 1}}") && !accepts(&g, "{\"p\": {}}"));
+    let s = json!({"allOf": [{"properties": {"a": {"type": "string"}}, "required": ["a"]},
+                             {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]});
+    let g = Rules::json_schema(&s).unwrap();
+    assert!(accepts(&g, "{\"a\": \"s\", \"b\": 2}"));
+    assert!(!accepts(&g, "{\"a\": \"s\"}") && !accepts(&g, "{\"b\": 2}"));
+
+    // A tuple, then more items of another schema, bounded.
+    let s = json!({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+        "items": {"type": "boolean"}, "maxItems": 3});
+    let g = Rules::json_schema(&s).unwrap();
+    for (t, want) in [
+        ("[1, \"a\"]", true),
+        ("[1, \"a\", true]", true),
+        ("[1, \"a\", true, false]", false),
+        ("[\"a\", 1]", false),
+        ("[1]", false),
+    ] {
+        assert_eq!(accepts(&g, t), want, "{t}");
+    }
+
+    // Declared properties, then others whose keys are none of the declared ones.
+    let s = json!({"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["name"], "additionalProperties": {"type": "integer"}});
+    let g = Rules::json_schema(&s).unwrap();
+    for (t, want) in [
+        ("{\"name\": \"a\"}", true),
+        (
+            "{\"name\": \"a\", \"n\": 1, \"nam\": 2, \"names\": 3, \"x\": 4}",
+            true,
+        ),
+        ("{\"name\": \"a\", \"name\": 2}", false),
+        ("{\"name\": \"a\", \"n\": 1, \"n\": 2}", false),
+        ("{\"name\": \"a\", \"other\": \"str\"}", false),
+        ("{\"name\": \"a\", \"\": 5}", true),
+    ] {
+        assert_eq!(accepts(&g, t), want, "{t}");
+    }
+    // Maps with property counts.
+    let s = json!({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2});
+    let g = Rules::json_schema(&s).unwrap();
+    for (t, want) in [
+        ("{}", false),
+        ("{\"a\": 1}", true),
+        ("{\"a\": 1, \"b\": 2}", true),
+        ("{\"a\": 1, \"b\": 2, \"c\": 3}", false),
+    ] {
+        assert_eq!(accepts(&g, t), want, "{t}");
+    }
+
+    // pydantic's discriminated union.
+    let s = json!({"$defs": {
+            "Cat": {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind", "lives"]},
+            "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}}, "required": ["kind", "good"]}},
+        "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+        "discriminator": {"propertyName": "kind", "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}}});
+    let g = Rules::json_schema(&s).unwrap();
+    assert!(
+        accepts(&g, "{\"kind\": \"cat\", \"lives\": 9}")
+            && accepts(&g, "{\"kind\": \"dog\", \"good\": true}")
+    );
+    assert!(!accepts(&g, "{\"kind\": \"dog\", \"lives\": 9}"));
 }
