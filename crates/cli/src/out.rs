@@ -22,11 +22,28 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
         // The reader went away (`llamay dump ... | head`): nothing left to report.
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            let msg = format!("{e:#}").replace('\n', " ");
-            let _ = writeln!(io::stderr(), "error: {msg}");
+            let _ = writeln!(io::stderr(), "error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: an error whose message
+/// already quotes its source (thiserror's `"{path}: {source}"`) is not followed by that
+/// source again.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if msg.contains(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg
 }
 
 /// Help and version go to stdout with status 0; a usage error is one `error:` line and

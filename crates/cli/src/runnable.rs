@@ -27,6 +27,8 @@ pub struct TokenizerFacts {
     /// The rule set actually used.
     pub rule_set: &'static str,
     pub n_tokens: usize,
+    /// The loader's warnings and notes (corrections made as llama.cpp makes them).
+    pub notes: Vec<String>,
 }
 
 pub fn assess(gguf: &Gguf<'_>) -> Assessment {
@@ -38,6 +40,7 @@ pub fn assess(gguf: &Gguf<'_>) -> Assessment {
         pre_known: t.pre_known(),
         rule_set: t.rule_set(),
         n_tokens: t.n_vocab(),
+        notes: t.warnings().iter().chain(t.notes()).cloned().collect(),
     });
     release_freed_heap();
     let (tokenizer, tok_err) = match tok {

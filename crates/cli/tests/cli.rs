@@ -191,6 +191,7 @@ fn info_reports_the_loaded_tokenizer() {
             "pre_known": false,
             "rule_set": "llama3",
             "n_tokens": 3,
+            "notes": ["tokenizer.ggml.pre = \"no-such-pre\" names no pre-tokenizer rule set this build implements; tokenising under a guess (llama3); ids may differ from the model's training"],
         })
     );
     assert_eq!(j["runnable"], false);

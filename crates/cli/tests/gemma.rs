@@ -187,3 +187,32 @@ fn vulkan_perplexity_is_as_close_to_the_cpu_as_its_own_kernel_sets() {
         "device {device:?} vs portable {portable:?}"
     );
 }
+
+/// The Gemma file's `</s>` is control-looking but not control-typed; the loader
+/// corrects it as llama.cpp does. `info` says so; `run` does not repeat it every time.
+#[test]
+fn the_control_token_correction_is_said_by_info_not_by_run() {
+    let Some(model) =
+        llamay_synth::reference::path("LLAMAY_GEMMA", "LLAMAY_GEMMA=$(scripts/fetch-models)")
+    else {
+        return;
+    };
+    let m = model.to_str().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_llamay"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let info = run(&["info", m]);
+    assert!(info.status.success());
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains("control-looking token 212 \"</s>\""),
+        "{text}"
+    );
+    let generated = run(&["run", m, "-p", "Hi", "-n", "2", "--temp", "0"]);
+    let err = String::from_utf8_lossy(&generated.stderr);
+    assert!(generated.status.success(), "{err}");
+    assert!(!err.contains("control-looking"), "{err}");
+}

@@ -199,12 +199,19 @@ fn err(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Files of the store outside blobs/ and manifests/ (partials) and their sizes.
+/// Downloads in progress: the `.partial` files of the store and their sizes.
 fn partials(store: &Path) -> Vec<(String, u64)> {
+    leftovers(store)
+        .into_iter()
+        .filter(|(n, _)| n.ends_with(".partial"))
+        .collect()
+}
+
+/// Everything in the store's partial/ (downloads, and lock files no pull holds).
+fn leftovers(store: &Path) -> Vec<(String, u64)> {
     std::fs::read_dir(store.join("partial"))
         .map(|d| {
             d.filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
                 .map(|e| {
                     (
                         e.file_name().to_string_lossy().into_owned(),
@@ -325,7 +332,7 @@ fn hugging_face_and_url_pulls_resolve_offline_and_share_blobs() {
     // One blob for the three (same bytes), nothing left in partial/.
     let blobs: Vec<_> = std::fs::read_dir(store.join("blobs")).unwrap().collect();
     assert_eq!(blobs.len(), 1);
-    assert!(partials(&store).is_empty());
+    assert!(leftovers(&store).is_empty(), "{:?}", leftovers(&store));
 
     // Offline: the servers are gone; run resolves through the store.
     drop(ng);
@@ -368,6 +375,8 @@ fn hugging_face_and_url_pulls_resolve_offline_and_share_blobs() {
     ));
     assert!(out.contains("1 blob freed"), "{out}");
     assert_eq!(std::fs::read_dir(store.join("blobs")).unwrap().count(), 0);
+    // The store is as clean as it was: no lock file per blob left behind.
+    assert!(leftovers(&store).is_empty(), "{:?}", leftovers(&store));
     let e = err(&llamay(
         &store,
         None,
@@ -415,7 +424,7 @@ fn a_killed_pull_resumes_and_a_200_to_a_range_starts_over() {
         ng.log().contains("\"bytes="),
         "the second pull asked for a range"
     );
-    assert!(partials(&store).is_empty());
+    assert!(leftovers(&store).is_empty(), "{:?}", leftovers(&store));
 
     // Parallel parts (the threshold lowered from 64 MB for the test): four Range
     // requests at once, killed, then resumed part by part.
@@ -458,11 +467,9 @@ fn a_killed_pull_resumes_and_a_200_to_a_range_starts_over() {
         );
     }
     assert!(
-        std::fs::read_dir(store.join("partial")).unwrap().all(|e| {
-            let n = e.unwrap().file_name().to_string_lossy().into_owned();
-            n.ends_with(".lock")
-        }),
-        "no part files left"
+        leftovers(&store).is_empty(),
+        "no part or lock files left: {:?}",
+        leftovers(&store)
     );
 
     // A server that answers a Range with 200: the partial is thrown away, the file
@@ -474,7 +481,7 @@ fn a_killed_pull_resumes_and_a_200_to_a_range_starts_over() {
     std::fs::write(store.join("partial").join(&partial_name), half).unwrap();
     let out = ok(&llamay(&store, None, &["pull", &url2, "--insecure"]));
     assert!(out.contains(&sha(&big)), "{out}");
-    assert!(partials(&store).is_empty());
+    assert!(leftovers(&store).is_empty(), "{:?}", leftovers(&store));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -514,7 +521,7 @@ fn bad_bytes_and_bad_digests_are_refused_and_leave_nothing() {
         e.contains("mismatch") && e.contains(&format!("sha256:{h}")),
         "{e}"
     );
-    assert!(partials(&store).is_empty() && listed(&store).is_empty());
+    assert!(leftovers(&store).is_empty() && listed(&store).is_empty());
     assert_eq!(std::fs::read_dir(store.join("blobs")).unwrap().count(), 0);
     for name in ["traversal", "upper", "short"] {
         let r = format!("127.0.0.1:{}/library/{name}", ng.port);
@@ -682,7 +689,7 @@ fn registry_pull_of_an_ollama_style_manifest() {
     std::fs::write(&data, &bytes).unwrap();
     let e = err(&llamay(&store, None, &["pull", &r, "--insecure"]));
     assert!(e.contains("mismatch") && e.contains(&dm), "{e}");
-    assert!(listed(&store).is_empty() && partials(&store).is_empty());
+    assert!(listed(&store).is_empty() && leftovers(&store).is_empty());
     assert!(!store.join("blobs").join(format!("sha256-{hex}")).exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -143,6 +143,40 @@ fn the_base_file_llamay_writes_is_llama_cpp_s() {
     assert!(stat(&back, "Mean    KLD").abs() < 1e-5, "{back}");
 }
 
+/// The command as llama-perplexity users type it: `-f TEXT` beside `--kl-divergence`.
+/// The base file's tokens are scored; a text that is not the base file's is said.
+#[test]
+fn kl_divergence_takes_the_text_file_as_llama_perplexity_does() {
+    let model = fixture("llama-F32.gguf");
+    let base = data("llama-F32.kld");
+    let other = common::temp_file("kld-other.txt", "A different text altogether, short.");
+    for (text, warned) in [(data("text.txt"), false), (other.to_path_buf(), true)] {
+        let o = Command::new(env!("CARGO_BIN_EXE_llamay"))
+            .args([
+                "perplexity",
+                model.to_str().unwrap(),
+                "-f",
+                text.to_str().unwrap(),
+            ])
+            .args([
+                "--kv",
+                "f32",
+                "--chunks",
+                "2",
+                "--kl-divergence-base",
+                base.to_str().unwrap(),
+                "--kl-divergence",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(stat(&out, "Mean    KLD").abs() < 1e-5, "{out}");
+        assert_eq!(err.contains("is not the text"), warned, "{err}");
+    }
+}
+
 #[test]
 fn a_damaged_base_file_is_refused_by_name() {
     let model = fixture("llama-F32.gguf");

@@ -255,6 +255,28 @@ fn prompt_file_drops_one_trailing_newline() {
     }
 }
 
+/// A damaged file's error says its cause once (the wrapped error's text was printed
+/// again after the wrapper that already quoted it).
+#[test]
+fn an_error_says_its_cause_once() {
+    let whole = std::fs::read(fixture("gemma3-Q4_K.gguf")).unwrap();
+    for (cut, cause) in [
+        (whole.len() - 1000, "lies outside the file"),
+        (4096, "file ends early"),
+    ] {
+        let f = TempPath::file("cut.gguf", "");
+        std::fs::write(&*f, &whole[..cut]).unwrap();
+        for cmd in ["info", "run", "tokenize"] {
+            let o =
+                llamay(&[cmd, f.to_str().unwrap(), "-p", "x"][..if cmd == "info" { 2 } else { 4 }]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(err.lines().count(), 1, "{cmd}: {err}");
+            assert_eq!(err.matches(cause).count(), 1, "{cmd}: {err}");
+            assert_eq!(err.matches("malformed GGUF").count(), 1, "{cmd}: {err}");
+        }
+    }
+}
+
 /// A device that is not there, or a malformed choice, is one `error:` line naming it
 /// (not a crash: a failed open closes what it opened, the loader last).
 #[test]

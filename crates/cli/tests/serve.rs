@@ -213,7 +213,81 @@ fn serve_the_official_ollama_and_openai_clients_work_unmodified() {
             s.log.lock().unwrap()
         );
     }
+    // clients.py sent num_ctx above --ctx-size twice: clamped, said once.
+    let log = s.log.lock().unwrap().clone();
+    assert_eq!(log.matches("clamped to").count(), 1, "{log}");
+    // Every -m model has a digest, the file's sha256, the same in /api/tags and /api/ps:
+    // clients that key models by digest must not merge these two.
+    let sha = |p: &Path| {
+        use sha2::{Digest, Sha256};
+        let d = Sha256::digest(std::fs::read(p).unwrap());
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let tags: Value = client()
+        .get(s.url("/api/tags"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let digest = |name: &str| {
+        tags["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap()["digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(digest("gemma3:270m"), sha(&g));
+    assert_eq!(digest("tools"), sha(&tools));
+    let ps: Value = client()
+        .get(s.url("/api/ps"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let loaded = ps["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "gemma3:270m")
+        .unwrap();
+    assert_eq!(loaded["digest"].as_str().unwrap(), sha(&g));
     let _ = std::fs::remove_file(tools);
+}
+
+/// ≥ 30 schemas as pydantic writes them (constrained ints and floats, patterns,
+/// datetimes, UUIDs, enums, Literals, Optionals, tuples, maps, nested
+/// models through `$defs`, a discriminated union), each answer validated by the
+/// `jsonschema` validator with formats checked and by pydantic (tests/serve/schemas.py).
+#[test]
+fn serve_structured_output_is_valid_on_pydantic_schemas() {
+    let (Some(g), Some(py)) = (gemma(), python()) else {
+        return;
+    };
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma3:270m",
+        "--chat-template",
+        "gemma",
+    ]);
+    let out = Command::new(&py)
+        .arg(data("serve/schemas.py"))
+        .arg(&s.base)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        out.status.success(),
+        "schemas.py failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log.lock().unwrap()
+    );
 }
 
 /// Pooled embeddings against llama.cpp's (llama-server --embeddings --pooling mean, f32
@@ -343,7 +417,7 @@ fn serve_hostile_requests_get_named_errors() {
         ),
         (
             "/api/generate",
-            json!({"model": "gemma", "prompt": "x", "options": {"num_ctx": 100000}}),
+            json!({"model": "gemma", "prompt": "x", "options": {"num_ctx": 100_000_000}}),
             "num_ctx",
         ),
         (

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! blobs/sha256-<hex>             verified bytes, named by their digest
-//! blobs/sha256-<hex>.lock        held while that blob is downloaded (one writer)
+//! partial/<key>.lock             exists only while that blob is downloaded (one writer)
 //! partial/<key>.partial          a download in progress (resumed by the next pull)
 //! manifests/<encoded ref>.json   what a reference is: its layers' digests
 //! ```
@@ -75,9 +75,36 @@ pub struct Store {
     root: PathBuf,
 }
 
-/// A blob's download lock: held until dropped.
+/// A blob's download lock: held until dropped, and its file removed then, so the store
+/// is left as clean as it was.
 pub struct BlobLock {
+    path: PathBuf,
     _file: File,
+}
+
+impl Drop for BlobLock {
+    fn drop(&mut self) {
+        // Removed while still held (the file closes after this): a waiter that then
+        // gets the lock finds its file gone from the store and takes a new one.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether the open `f` is the file at `p` now (not one a finished holder removed).
+fn is_current(f: &File, p: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (f.metadata(), std::fs::metadata(p)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (f, p);
+        true
+    }
 }
 
 /// A reference as a file name: bytes outside `[A-Za-z0-9._-]` as `%XX`, so no reference
@@ -165,14 +192,18 @@ impl Store {
     /// never write it at once).
     pub fn lock(&self, key: &str) -> Result<BlobLock, StoreError> {
         let p = self.root.join("partial").join(format!("{key}.lock"));
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)
-            .map_err(io(&p))?;
-        f.lock().map_err(io(&p))?;
-        Ok(BlobLock { _file: f })
+        loop {
+            let f = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&p)
+                .map_err(io(&p))?;
+            f.lock().map_err(io(&p))?;
+            if is_current(&f, &p) {
+                return Ok(BlobLock { path: p, _file: f });
+            }
+        }
     }
 
     /// Moves a verified download into `blobs/` (atomic rename within the store).

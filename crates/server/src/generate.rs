@@ -65,13 +65,19 @@ pub fn submit(model: &Loaded, g: Generation) -> Result<UnboundedReceiver<Event>,
     }
     let server_ctx = model.scheduler.config().n_ctx;
     let n_ctx = match g.n_ctx {
+        // As Ollama does: clamped to what the runner holds (clients send the training
+        // context from /api/show on every call), and said once per model.
         Some(n) if n > server_ctx => {
-            return Err(ApiError::field(
-                "num_ctx",
-                format!(
-                    "{n} is more than this server's context of {server_ctx} tokens per sequence (start it with a larger --ctx-size)"
-                ),
-            ));
+            if !model
+                .num_ctx_clamped
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                eprintln!(
+                    "llamay serve: {}: num_ctx {n} is more than --ctx-size {server_ctx}; clamped to {server_ctx} (said once)",
+                    model.name
+                );
+            }
+            server_ctx
         }
         Some(n) => n,
         None => server_ctx,

@@ -121,8 +121,15 @@ async fn metrics_text(axum::extract::State(s): State) -> impl IntoResponse {
     )
 }
 
-async fn not_found(uri: axum::http::Uri) -> error::ApiError {
-    error::ApiError::not_found(format!("no route {}", uri.path()))
+/// An unknown route, shaped as the API its path belongs to asks (OpenAI clients read
+/// `error.message`).
+async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
+    let e = error::ApiError::not_found(format!("no route {}", uri.path()));
+    if uri.path() == "/v1" || uri.path().starts_with("/v1/") {
+        error::OaiError(e).into_response()
+    } else {
+        e.into_response()
+    }
 }
 
 /// Runs the server until SIGTERM or SIGINT, then drains running requests for up to

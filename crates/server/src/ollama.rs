@@ -790,16 +790,45 @@ async fn tags(axum::extract::State(s): State) -> Result<Response, ApiError> {
     Ok(axum::Json(json!({ "models": models })).into_response())
 }
 
-/// A store blob's digest is its file name; a `-m` file has none (its path stands in).
+/// A model's digest: a store blob's is its file name; a `-m` file's is its sha256,
+/// computed once per file (size and modification time) and cached, so that clients
+/// keying models by digest never merge two files.
 fn digest_of(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+    type Key = (u64, Option<SystemTime>);
+    static CACHE: LazyLock<Mutex<HashMap<std::path::PathBuf, (Key, String)>>> =
+        LazyLock::new(Default::default);
     let n = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    match n.strip_prefix("sha256-") {
-        Some(hex) if hex.len() == 64 => hex.to_string(),
-        _ => String::new(),
+    if let Some(hex) = n.strip_prefix("sha256-").filter(|h| h.len() == 64) {
+        return hex.to_string();
     }
+    let Ok(meta) = std::fs::metadata(path) else {
+        return String::new();
+    };
+    let key = (meta.len(), meta.modified().ok());
+    if let Some((k, d)) = CACHE.lock().unwrap_or_else(|e| e.into_inner()).get(path)
+        && *k == key
+    {
+        return d.clone();
+    }
+    let mut h = Sha256::new();
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    if std::io::copy(&mut f, &mut h).is_err() {
+        return String::new();
+    }
+    let d: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(path.to_path_buf(), (key, d.clone()));
+    d
 }
 
 async fn show(axum::extract::State(s): State, body: Body) -> Result<Response, ApiError> {

@@ -33,6 +33,8 @@ pub struct Loaded {
     keep: Mutex<(Option<Duration>, Instant, SystemTime)>,
     /// The name it was first loaded under (for `/api/ps`).
     pub name: String,
+    /// Whether a `num_ctx` above `--ctx-size` has been clamped (and logged) yet.
+    pub num_ctx_clamped: std::sync::atomic::AtomicBool,
 }
 
 impl Loaded {
@@ -358,6 +360,7 @@ fn load(
         load_duration: t0.elapsed(),
         keep: Mutex::new((keep_alive, Instant::now(), SystemTime::now())),
         name: name.to_string(),
+        num_ctx_clamped: Default::default(),
     };
     Ok(l)
 }

@@ -81,90 +81,133 @@ pub struct ChatTemplate {
     env: Environment<'static>,
 }
 
-/// Python's `json.dumps(value, ensure_ascii=False)` text of a JSON value, with
-/// optional indentation (HF's `tojson(indent=...)`).
-fn py_json(v: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
-    use serde_json::Value as J;
-    let newline = |out: &mut String, level: usize| {
-        if let Some(n) = indent {
+/// How Python's `json.dumps` writes (HF's `tojson` passes its four arguments on).
+struct PyJson {
+    /// `indent`: None writes one line; Some(s) a newline and s per level.
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    ensure_ascii: bool,
+    sort_keys: bool,
+}
+
+impl Default for PyJson {
+    fn default() -> Self {
+        PyJson {
+            indent: None,
+            item_sep: ", ".into(),
+            key_sep: ": ".into(),
+            ensure_ascii: false,
+            sort_keys: false,
+        }
+    }
+}
+
+impl PyJson {
+    fn newline(&self, out: &mut String, level: usize) {
+        if let Some(ind) = &self.indent {
             out.push('\n');
-            out.push_str(&" ".repeat(n * level));
+            out.push_str(&ind.repeat(level));
         }
-    };
-    let (item_sep, key_sep) = if indent.is_some() {
-        (",", ": ")
-    } else {
-        (", ", ": ")
-    };
-    match v {
-        J::Null => out.push_str("null"),
-        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        J::Number(n) => out.push_str(&n.to_string()),
-        J::String(s) => py_string(s, out),
-        J::Array(a) => {
-            if a.is_empty() {
-                out.push_str("[]");
-                return;
-            }
-            out.push('[');
-            for (i, e) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
+    }
+
+    fn write(&self, v: &serde_json::Value, level: usize, out: &mut String) {
+        use serde_json::Value as J;
+        match v {
+            J::Null => out.push_str("null"),
+            J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            J::Number(n) => out.push_str(&n.to_string()),
+            J::String(s) => self.string(s, out),
+            J::Array(a) if a.is_empty() => out.push_str("[]"),
+            J::Object(o) if o.is_empty() => out.push_str("{}"),
+            J::Array(a) => {
+                out.push('[');
+                for (i, e) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item_sep);
+                    }
+                    self.newline(out, level + 1);
+                    self.write(e, level + 1, out);
                 }
-                newline(out, level + 1);
-                py_json(e, indent, level + 1, out);
+                self.newline(out, level);
+                out.push(']');
             }
-            newline(out, level);
-            out.push(']');
-        }
-        J::Object(o) => {
-            if o.is_empty() {
-                out.push_str("{}");
-                return;
-            }
-            out.push('{');
-            for (i, (k, e)) in o.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
+            J::Object(o) => {
+                let mut entries: Vec<(&String, &serde_json::Value)> = o.iter().collect();
+                if self.sort_keys {
+                    // Python compares str by code point: UTF-8 byte order is the same.
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
                 }
-                newline(out, level + 1);
-                py_string(k, out);
-                out.push_str(key_sep);
-                py_json(e, indent, level + 1, out);
+                out.push('{');
+                for (i, (k, e)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item_sep);
+                    }
+                    self.newline(out, level + 1);
+                    self.string(k, out);
+                    out.push_str(&self.key_sep);
+                    self.write(e, level + 1, out);
+                }
+                self.newline(out, level);
+                out.push('}');
             }
-            newline(out, level);
-            out.push('}');
         }
+    }
+
+    fn string(&self, s: &str, out: &mut String) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && (c as u32) > 0x7e) => {
+                    // Past the BMP as a surrogate pair, as Python writes it.
+                    let mut units = [0u16; 2];
+                    for u in c.encode_utf16(&mut units) {
+                        out.push_str(&format!("\\u{u:04x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
     }
 }
 
-fn py_string(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
+/// HF's `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`:
+/// `json.dumps` with those arguments (no HTML escaping, unlike Jinja2's own).
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
-    let _: Option<bool> = kwargs.get("sort_keys")?;
+    let bad = |what: &str| Error::new(ErrorKind::InvalidOperation, format!("tojson: {what}"));
+    let mut style = PyJson::default();
+    if let Some(indent) = kwargs.get::<Option<Value>>("indent")? {
+        style.indent = match (indent.as_i64(), indent.as_str()) {
+            _ if indent.is_none() || indent.is_undefined() => None,
+            (Some(n), _) => Some(" ".repeat(n.clamp(0, 64) as usize)),
+            (None, Some(s)) => Some(s.to_string()),
+            _ => return Err(bad("indent must be an integer or a string")),
+        };
+        if style.indent.is_some() {
+            style.item_sep = ",".into();
+        }
+    }
+    if let Some(seps) = kwargs.get::<Option<Vec<String>>>("separators")? {
+        let [item, key] = <[String; 2]>::try_from(seps)
+            .map_err(|_| bad("separators must be two strings (item, key)"))?;
+        style.item_sep = item;
+        style.key_sep = key;
+    }
+    style.ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    style.sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     kwargs.assert_all_used()?;
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
-    py_json(&json, indent, 0, &mut out);
+    style.write(&json, 0, &mut out);
     Ok(Value::from_safe_string(out))
 }
 
@@ -362,17 +405,38 @@ mod tests {
 
     #[test]
     fn tojson_is_pythons() {
-        let mut s = String::new();
-        py_json(
-            &serde_json::json!({"a": [1, "x\n\"<y>\"", true, null], "é": {}}),
-            None,
-            0,
-            &mut s,
+        // Each expected text is what Python 3.11's json.dumps(v, **kwargs) prints.
+        let v = serde_json::json!({"b": [1, "x\n\"<y>\"", true, null], "é": {}, "a": "日😀"});
+        let render = |args: &str| {
+            let t = format!("{{{{ v | tojson({args}) }}}}");
+            let mut env = Environment::new();
+            env.add_filter("tojson", tojson);
+            env.render_str(
+                &t,
+                minijinja::context! { v => Value::from(minijinja::value::Serde(&v)) },
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            render(""),
+            r#"{"b": [1, "x\n\"<y>\"", true, null], "é": {}, "a": "日😀"}"#
         );
-        assert_eq!(s, r#"{"a": [1, "x\n\"<y>\"", true, null], "é": {}}"#);
-        let mut s = String::new();
-        py_json(&serde_json::json!({"a": [1, 2]}), Some(2), 0, &mut s);
-        assert_eq!(s, "{\n  \"a\": [\n    1,\n    2\n  ]\n}");
+        assert_eq!(
+            render("ensure_ascii=True"),
+            r#"{"b": [1, "x\n\"<y>\"", true, null], "\u00e9": {}, "a": "\u65e5\ud83d\ude00"}"#
+        );
+        assert_eq!(
+            render("sort_keys=True, separators=(',', ':')"),
+            r#"{"a":"日😀","b":[1,"x\n\"<y>\"",true,null],"é":{}}"#
+        );
+        assert_eq!(
+            render("indent=2"),
+            "{\n  \"b\": [\n    1,\n    \"x\\n\\\"<y>\\\"\",\n    true,\n    null\n  ],\n  \"é\": {},\n  \"a\": \"日😀\"\n}"
+        );
+        assert_eq!(
+            render("indent='\t', sort_keys=True"),
+            "{\n\t\"a\": \"日😀\",\n\t\"b\": [\n\t\t1,\n\t\t\"x\\n\\\"<y>\\\"\",\n\t\ttrue,\n\t\tnull\n\t],\n\t\"é\": {}\n}"
+        );
     }
 
     #[test]

@@ -174,15 +174,17 @@ fn clean_spaces(mut text: Vec<u8>) -> Vec<u8> {
     text
 }
 
-/// Turns a stream of token ids into text, emitting only complete UTF-8: bytes of a
-/// character split across tokens are held until the character is complete. Control
+/// Turns a stream of generated token ids into text, emitting only complete UTF-8: bytes
+/// of a character split across tokens are held until the character is complete. The
+/// stream continues a prompt, so its first piece keeps its leading space even where the
+/// vocabulary adds a space prefix (as llama-completion, Ollama and llama-server print
+/// it: ` Paris`); [`Tokenizer::decode`] is for whole texts. Control
 /// tokens render empty (as in [`Tokenizer::decode`]) unless the decoder renders them
 /// ([`StreamDecoder::rendering_special`]: chat output, whose markup is often control
 /// tokens); no clean-up of spaces is applied (it needs look-ahead).
 pub struct StreamDecoder<'a> {
     t: &'a Tokenizer,
     pending: Vec<u8>,
-    first: bool,
     special: bool,
 }
 
@@ -191,7 +193,6 @@ impl<'a> StreamDecoder<'a> {
         StreamDecoder {
             t,
             pending: Vec::new(),
-            first: true,
             special: false,
         }
     }
@@ -206,18 +207,7 @@ impl<'a> StreamDecoder<'a> {
 
     /// Adds one token; returns the text that became complete (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
-        let mut p = self.t.token_to_piece(id, self.special)?;
-        if self.first && self.t.add_space_prefix {
-            // like detokenize: the first piece loses one leading space when the
-            // vocabulary adds a space prefix (BOS does not count as first)
-            if Some(id) == self.t.special.bos {
-                return Ok(String::new());
-            }
-            if p.first() == Some(&b' ') {
-                p = &p[1..];
-            }
-        }
-        self.first = false;
+        let p = self.t.token_to_piece(id, self.special)?;
         self.pending.extend_from_slice(p);
         Ok(self.take_complete())
     }

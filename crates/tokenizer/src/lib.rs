@@ -104,6 +104,7 @@ pub struct Tokenizer {
     /// SPM: byte -> token (`<0xXX>` or the 1-byte string).
     spm_bytes: [Option<u32>; 256],
     warnings: Vec<String>,
+    notes: Vec<String>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -149,6 +150,11 @@ impl Tokenizer {
     /// Warnings produced at load (unknown `pre`, overridden attributes, ...).
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+    /// What the loader corrected as llama.cpp does (a control-looking token's type),
+    /// with no effect on the output: for `info`, not for every run.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
     pub fn n_vocab(&self) -> usize {
         self.tokens.len()

@@ -117,6 +117,9 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
         pre = "gemma4".to_string();
     }
     let mut warnings = Vec::new();
+    // What the loader corrected as llama.cpp does, with no effect on the output: said
+    // by `info`, not on every run.
+    let mut notes = Vec::new();
 
     // ---- tokens, scores, types
     let tokens_arr = md
@@ -389,10 +392,10 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
             .filter_map(|s| token_to_id.get(&tokens, s.as_bytes()))
             .min()
     };
-    let mark_control = |id: u32, attrs: &mut Vec<u32>, warnings: &mut Vec<String>| {
+    let mark_control = |id: u32, attrs: &mut Vec<u32>, notes: &mut Vec<String>| {
         let a = &mut attrs[id as usize];
         if *a & attr::CONTROL == 0 {
-            warnings.push(format!(
+            notes.push(format!(
                 "control-looking token {id} {:?} was not control-type; overridden",
                 String::from_utf8_lossy(&tokens[id as usize])
             ));
@@ -413,7 +416,7 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
             && let Some(id) = find(texts)
         {
             *slot = Some(id);
-            mark_control(id, &mut attrs, &mut warnings);
+            mark_control(id, &mut attrs, &mut notes);
         }
     }
     for (i, t) in tokens.iter().enumerate() {
@@ -432,7 +435,7 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
     for s in EOG_TEXTS {
         if let Some(id) = token_to_id.get(&tokens, s.as_bytes()) {
             eog.insert(id);
-            mark_control(id, &mut attrs, &mut warnings);
+            mark_control(id, &mut attrs, &mut notes);
         }
     }
     for s in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
@@ -520,6 +523,7 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
         bpe: None,
         spm_bytes,
         warnings,
+        notes,
     };
     t.pieces = PieceTable::build(&t.tokens, |i| decode::piece_for_cache(&t, i));
 

@@ -202,3 +202,26 @@ fn cached(tree: &Path, v: &str) -> &'static Tokenizer {
         )))
     })
 }
+
+/// A generated continuation keeps its first piece's space on vocabularies that add a
+/// space prefix (llama-completion prints ` Paris` after "The capital of France is";
+/// only a whole text's first piece loses it).
+#[test]
+fn a_continuation_keeps_its_first_space() {
+    for (name, path) in vocab_files() {
+        let t = load(&path);
+        if !t.add_space_prefix() {
+            continue;
+        }
+        let prompt = t.encode(b"The capital of France is", true, false);
+        let whole = t.encode(b"The capital of France is Paris", true, false);
+        assert_eq!(whole[..prompt.len()], prompt[..], "{name}");
+        let mut d = t.stream_decoder();
+        let mut text = String::new();
+        for &id in &whole[prompt.len()..] {
+            text.push_str(&d.push(id).unwrap());
+        }
+        text.push_str(&d.finish());
+        assert_eq!(text, " Paris", "{name}");
+    }
+}

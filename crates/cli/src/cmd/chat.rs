@@ -454,7 +454,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     if !interactive {
                         return Err(e);
                     }
-                    eprintln!("error: {e:#}");
+                    eprintln!("error: {}", crate::out::one_line(&e));
                 }
             }
             Input::Command(name, arg) => {
@@ -509,7 +509,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     if !interactive {
                         return Err(e);
                     }
-                    eprintln!("error: {e:#}");
+                    eprintln!("error: {}", crate::out::one_line(&e));
                 }
             }
         }

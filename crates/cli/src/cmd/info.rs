@@ -156,6 +156,7 @@ fn json_doc(
             "pre_known": t.pre_known,
             "rule_set": t.rule_set,
             "n_tokens": t.n_tokens,
+            "notes": t.notes,
         })),
     })
 }
@@ -301,6 +302,9 @@ fn text(
             "tokenizer",
             if tmpl { "yes" } else { "no" }
         )?;
+        for note in verdict.tokenizer.iter().flat_map(|t| &t.notes) {
+            writeln!(w, "{:<16}{note}", "")?;
+        }
     }
     let mix: Vec<String> = type_mix(model)
         .into_iter()

@@ -21,7 +21,8 @@ pub struct Args {
     model: ModelArg,
     #[command(flatten)]
     device: crate::device::DeviceArg,
-    /// Text file to score (not with --kl-divergence: the base file holds the tokens).
+    /// Text file to score. With --kl-divergence the base file's tokens are scored (as
+    /// llama-perplexity does); a -f given there is checked against them.
     #[arg(short = 'f', long, required_unless_present = "kl_divergence")]
     file: Option<PathBuf>,
     /// Chunk size in tokens (with --kl-divergence: the base file's).
@@ -39,7 +40,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     kl_divergence_base: Option<PathBuf>,
     /// Score against the --kl-divergence-base file: KL divergence, Δp, same top token.
-    #[arg(long, requires = "kl_divergence_base", conflicts_with = "file")]
+    #[arg(long, requires = "kl_divergence_base")]
     kl_divergence: bool,
 }
 
@@ -81,7 +82,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let bos = if tok.add_bos() { tok.bos() } else { None };
     if args.kl_divergence {
         let base = args.kl_divergence_base.as_ref().expect("clap requires it");
-        return kl_divergence(args, &model, bos, base, threads, kv);
+        return kl_divergence(args, &model, &tok, base, threads, kv);
     }
     let file = args.file.as_ref().expect("clap requires -f");
     let n_ctx = args.ctx_size;
@@ -176,7 +177,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 fn kl_divergence(
     args: &Args,
     model: &llamay_engine::Model<'_>,
-    bos: Option<u32>,
+    tok: &llamay_tokenizer::Tokenizer,
     base: &std::path::Path,
     threads: llamay_engine::Threads,
     kv: llamay_engine::KvPrecision,
@@ -192,8 +193,23 @@ fn kl_divergence(
             r.n_vocab
         );
     }
+    let bos = if tok.add_bos() { tok.bos() } else { None };
     let n_ctx = r.n_ctx;
     let n_chunk = args.chunks.map_or(r.n_chunk, |c| c.min(r.n_chunk));
+    // `-f TEXT` as llama-perplexity users type it beside --kl-divergence: the base file
+    // holds the tokens scored; a text that is not the one it was made from is said.
+    if let Some(file) = &args.file {
+        let text = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        let tokens = tok.encode(&text, true, false);
+        let scored = &r.tokens[..n_chunk * n_ctx];
+        if let Some(at) = (0..scored.len()).find(|&i| tokens.get(i) != Some(&scored[i])) {
+            eprintln!(
+                "warning: -f {} is not the text {} was made from (the tokens differ at position {at}); scoring the base file's tokens",
+                file.display(),
+                base.display()
+            );
+        }
+    }
     let first = n_ctx / 2;
     let width = logits_file::row_len(n_vocab);
     eprintln!(

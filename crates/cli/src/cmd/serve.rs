@@ -215,7 +215,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 eprintln!("device: {} (each loaded model runs there)", probe.describe());
                 drop(probe);
                 let open: llamay_server::DeviceOpener = std::sync::Arc::new(move || {
-                    crate::device::open_vulkan(index).map_err(|e| format!("{e:#}"))
+                    crate::device::open_vulkan(index).map_err(|e| crate::out::one_line(&e))
                 });
                 Some(open)
             }

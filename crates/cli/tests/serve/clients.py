@@ -37,6 +37,13 @@ def ollama_checks():
     assert info.template and "start_of_turn" in info.template
     ok("show reports model_info, details and the template")
 
+    # A widely used integration sends the training context from /api/show on every
+    # call: above --ctx-size it is clamped, as Ollama does, not refused.
+    for _ in range(2):
+        r = c.generate(model=MODEL, prompt="Hi", raw=True, options={**GREEDY, "num_ctx": 131072, "num_predict": 2})
+        assert r.done, r
+    ok("num_ctx above --ctx-size is clamped")
+
     whole = c.generate(model=MODEL, prompt="The capital of France is", raw=True, options=GREEDY)
     assert whole.done and whole.done_reason in ("stop", "length"), whole
     assert whole.eval_count >= 1 and whole.prompt_eval_count >= 1
@@ -151,6 +158,15 @@ def openai_checks():
     assert MODEL in ids and "tools" in ids, ids
     ok("models")
 
+    # An unknown route under /v1 answers in OpenAI's error shape (the client reads it).
+    try:
+        c.post("/no-such-route", cast_to=object, body={})
+        raise AssertionError("an unknown route answered")
+    except openai.NotFoundError as e:
+        assert "no route /v1/no-such-route" in e.body["message"], e.body
+    assert httpx.get(BASE + "/api/no-such-route").json() == {"error": "no route /api/no-such-route"}
+    ok("unknown routes: OpenAI's error shape under /v1, Ollama's elsewhere")
+
     msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
     args = dict(model=MODEL, messages=msgs, temperature=0, seed=7, max_tokens=24)
     whole = c.chat.completions.create(**args)
@@ -183,8 +199,10 @@ def openai_checks():
                                   response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
     v = json.loads(r.choices[0].message.content)
     assert set(v) == {"colour"} and isinstance(v["colour"], str), v
-    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "JSON?"}], temperature=0,
-                                  max_tokens=60, response_format={"type": "json_object"})
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": 'Return {"a": 1} as JSON.'}, {"role": "assistant", "content": '{"a": 1}'},
+                                                                 {"role": "user", "content": 'Return {"ok": true} as JSON.'}], temperature=0,
+                                  max_tokens=400, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop", r
     assert isinstance(json.loads(r.choices[0].message.content), dict), r.choices[0].message.content
     ok("response_format json_schema and json_object (an object)")
 
