@@ -6,9 +6,10 @@
 use crate::error::ApiError;
 use crate::registry::Loaded;
 use crate::scheduler::{EmbedJob, Event, Job, Refused};
+use crate::tools::ToolRequest;
 use llamay_engine::grammar::Rules;
 use llamay_engine::sample::SamplerParams;
-use llamay_template::{Message, OutputFormat, OutputParser, ToolCall};
+use llamay_template::{Message, OutputFormat, OutputParser, ToolCall, ToolSyntax};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -28,18 +29,21 @@ pub struct Generation {
     pub ignore_eos: bool,
 }
 
-/// A chat prompt: its tokens and how the model's answer will be marked up.
+/// A chat prompt: its tokens, how the model's answer will be marked up, and the
+/// grammar its tools ask for (a forced call, or the generic format's JSON).
 pub struct ChatPrompt {
     pub tokens: Vec<u32>,
     pub output: OutputFormat,
+    pub grammar: Option<Arc<Rules>>,
 }
 
-/// Renders `messages` (and `tools`) through the model's chat template.
+/// Renders `messages` (and the tools) through the model's chat template. A template
+/// with no tool-call syntax of its own gets the tools in the generic format.
 pub fn chat_prompt(
     model: &Loaded,
     name: &str,
     messages: &[Message],
-    tools: Option<Value>,
+    tools: &ToolRequest,
     kwargs: Map<String, Value>,
 ) -> Result<ChatPrompt, ApiError> {
     let format = model.format.as_ref().ok_or_else(|| {
@@ -47,13 +51,41 @@ pub fn chat_prompt(
             "model '{name}' has no chat template (no tokenizer.chat_template); start the server with --chat-template NAME|FILE, or use /api/generate with raw: true"
         ))
     })?;
+    let generic = tools.tools.is_some() && format.output_format("").tools == ToolSyntax::None;
+    let adapted;
+    let (messages, template_tools) = match &tools.tools {
+        Some(t) if generic => {
+            adapted = llamay_template::generic::adapt_messages(messages, t, tools.forced());
+            (&adapted[..], None)
+        }
+        t => (messages, t.clone()),
+    };
     let text = format
-        .render(messages, tools, true, kwargs)
+        .render(messages, template_tools, true, kwargs)
         .map_err(|e| ApiError::bad(format!("the chat template failed on these messages: {e}")))?;
+    let mut output = format.output_format(&text);
+    if generic {
+        output.tools = ToolSyntax::Generic;
+    }
     Ok(ChatPrompt {
         tokens: format.encode(&model.tok, &text),
-        output: format.output_format(&text),
+        grammar: tools.grammar(output.tools)?,
+        output,
     })
+}
+
+/// One grammar for the answer: a request's own (`format`, `response_format`) or its
+/// tools', never both (a forced call and a schema would contradict each other).
+pub fn one_grammar(
+    asked: Option<Arc<Rules>>,
+    tools: Option<Arc<Rules>>,
+) -> Result<Option<Arc<Rules>>, ApiError> {
+    match (asked, tools) {
+        (Some(_), Some(_)) => Err(ApiError::bad(
+            "a structured-output format and tools that constrain the answer (a forced tool_choice, or tools on a model without tool-call syntax) cannot be combined",
+        )),
+        (a, t) => Ok(a.or(t)),
+    }
 }
 
 /// Checks and queues `g` on `model`: the events of its answer.

@@ -21,6 +21,7 @@ pub mod registry;
 pub mod scheduler;
 pub mod stop;
 pub mod stream;
+pub mod tools;
 
 use axum::Router;
 use axum::http::StatusCode;

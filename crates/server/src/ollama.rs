@@ -248,7 +248,8 @@ pub struct ChatRequest {
     opts: Options,
     grammar: Option<Arc<Rules>>,
     messages: Vec<Message>,
-    tools: Option<Value>,
+    /// Ollama has no `tool_choice`: the model calls when it will.
+    tools: crate::tools::ToolRequest,
     kwargs: Map<String, Value>,
     keep_alive: Option<Option<Duration>>,
 }
@@ -261,11 +262,14 @@ impl ChatRequest {
             None | Some(Value::Null) => Vec::new(),
             Some(v) => Message::list_from_json(v).map_err(|e| ApiError::field("messages", e))?,
         };
-        let tools = match body.get("tools") {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Array(a)) if !a.is_empty() => Some(v.clone()),
-            Some(Value::Array(_)) => None,
-            Some(_) => return Err(ApiError::field("tools", "must be a list")),
+        let tools = crate::tools::ToolRequest {
+            tools: match body.get("tools") {
+                None | Some(Value::Null) => None,
+                Some(v @ Value::Array(a)) if !a.is_empty() => Some(v.clone()),
+                Some(Value::Array(_)) => None,
+                Some(_) => return Err(ApiError::field("tools", "must be a list")),
+            },
+            ..crate::tools::ToolRequest::none()
         };
         let mut kwargs = Map::new();
         match body.get("think") {
@@ -536,13 +540,13 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
         }))
         .into_response());
     }
-    let prompt = generate::chat_prompt(&model, &name, &messages, tools, kwargs)?;
+    let prompt = generate::chat_prompt(&model, &name, &messages, &tools, kwargs)?;
     let g = Generation {
         prompt: prompt.tokens,
         params: opts.params,
         max_tokens: opts.max_tokens,
         stop: opts.stop,
-        grammar,
+        grammar: generate::one_grammar(grammar, prompt.grammar)?,
         logprobs: None,
         n_ctx: opts.n_ctx,
         render_special: true,

@@ -123,11 +123,13 @@ fn usage(s: &Summary) -> Value {
     })
 }
 
+/// OpenAI's `finish_reason`: a token limit is "length" even after calls (the answer
+/// was cut), calls otherwise "tool_calls".
 fn finish_reason(s: &Summary, tools: bool) -> &'static str {
     match s.finish {
-        _ if tools => "tool_calls",
-        Finish::Stop => "stop",
         Finish::Length => "length",
+        Finish::Stop if tools => "tool_calls",
+        Finish::Stop => "stop",
     }
 }
 
@@ -172,7 +174,7 @@ fn tool_calls_json(calls: &[ToolCall], from: usize) -> Value {
 pub struct ChatRequest {
     c: Common,
     messages: Vec<Message>,
-    tools: Option<Value>,
+    tools: crate::tools::ToolRequest,
     grammar: Option<Arc<llamay_engine::grammar::Rules>>,
     logprobs: Option<usize>,
     kwargs: Map<String, Value>,
@@ -190,21 +192,7 @@ impl ChatRequest {
                 "must hold at least one message",
             ));
         }
-        let tool_choice = match body.get("tool_choice") {
-            None | Some(Value::Null) => "auto",
-            Some(Value::String(t)) if matches!(t.as_str(), "auto" | "none") => t.as_str(),
-            Some(_) => {
-                return Err(ApiError::field(
-                    "tool_choice",
-                    "llamay supports \"auto\" and \"none\"; forcing a tool (\"required\" or a named function) is not supported",
-                ));
-            }
-        };
-        let tools = match body.get("tools") {
-            Some(v @ Value::Array(a)) if !a.is_empty() && tool_choice != "none" => Some(v.clone()),
-            None | Some(Value::Null) | Some(Value::Array(_)) => None,
-            Some(_) => return Err(ApiError::field("tools", "must be a list")),
-        };
+        let tools = crate::tools::ToolRequest::parse(body)?;
         let grammar = match body.get("response_format") {
             None | Some(Value::Null) => extension_grammar(body)?,
             Some(rf) => match rf.get("type").and_then(Value::as_str) {
@@ -265,13 +253,13 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
         kwargs,
     } = ChatRequest::parse(&body)?;
     let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
-    let prompt = generate::chat_prompt(&model, &c.name, &messages, tools, kwargs)?;
+    let prompt = generate::chat_prompt(&model, &c.name, &messages, &tools, kwargs)?;
     let g = Generation {
         prompt: prompt.tokens,
         params: c.params,
         max_tokens: c.max_tokens,
         stop: c.stop,
-        grammar,
+        grammar: generate::one_grammar(grammar, prompt.grammar)?,
         logprobs,
         n_ctx: None,
         render_special: true,

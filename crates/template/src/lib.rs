@@ -3,6 +3,7 @@
 
 pub mod builtin;
 pub mod format;
+pub mod generic;
 mod message;
 mod output;
 mod render;

@@ -40,6 +40,9 @@ pub enum ToolSyntax {
     Mistral,
     /// gpt-oss: `<|channel|>…<|message|>…<|end|>` messages.
     Harmony,
+    /// No syntax of the template's own: one JSON object, `{"tool_calls": […]}` or
+    /// `{"response": …}` (crate::generic), read when the answer is whole.
+    Generic,
 }
 
 /// What the parser recognised, in output order.
@@ -104,6 +107,8 @@ enum Mode {
     HarmonyHeader,
     /// Harmony: a message body up to an end marker.
     HarmonyBody(HarmonyTarget),
+    /// Generic: the whole answer, read at its end.
+    Generic,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -186,6 +191,8 @@ impl OutputParser {
             Mode::Reasoning
         } else if format.tools == ToolSyntax::Harmony {
             Mode::HarmonyHeader
+        } else if format.tools == ToolSyntax::Generic {
+            Mode::Generic
         } else {
             Mode::Content
         };
@@ -267,7 +274,7 @@ impl OutputParser {
             ToolSyntax::Hermes => m.push(HERMES_OPEN),
             ToolSyntax::Llama3 => m.push(PYTHON_TAG),
             ToolSyntax::Mistral => m.push(MISTRAL_CALLS),
-            ToolSyntax::None | ToolSyntax::Harmony => {}
+            ToolSyntax::None | ToolSyntax::Harmony | ToolSyntax::Generic => {}
         }
         m
     }
@@ -388,6 +395,12 @@ impl OutputParser {
                 false
             }
             Mode::Mistral => self.step_mistral(last, out),
+            Mode::Generic => {
+                if last {
+                    out.extend(crate::generic::parse(&std::mem::take(&mut self.pending)));
+                }
+                false
+            }
             Mode::HarmonyHeader => match self.pending.find(H_MESSAGE) {
                 Some(i) => {
                     let header: String = self.pending.drain(..i + H_MESSAGE.len()).collect();

@@ -314,5 +314,43 @@ def tools_checks():
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     ok("openai chat with tools: tool_calls and finish_reason, streamed and not")
 
+    # A forced tool_choice (the default path of several structured-output libraries):
+    # the answer is a call, in the model's own syntax (Llama 3 JSON for `tools`, the
+    # generic JSON format for gemma3:270m, whose template has no tool syntax).
+    TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for model in ["tools", MODEL]:
+        # One call (a 270M model given the choice repeats calls until the limit).
+        r = o.chat.completions.create(model=model, messages=ask, tools=WEATHER + [TIME], tool_choice="required",
+                                      parallel_tool_calls=False, temperature=0, max_tokens=200)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.tool_calls, (model, ch)
+        assert {c.function.name for c in ch.message.tool_calls} <= {"get_weather", "get_time"}, ch
+        for tc in ch.message.tool_calls:
+            assert isinstance(json.loads(tc.function.arguments)["city"], str), tc
+        r = o.chat.completions.create(model=model, messages=ask, tools=WEATHER + [TIME], temperature=0, max_tokens=200,
+                                      tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                      parallel_tool_calls=False)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, (model, ch)
+        assert ch.message.tool_calls[0].function.name == "get_time", ch
+        # Cut by the token limit: "length", as OpenAI gives it.
+        r = o.chat.completions.create(model=model, messages=ask, tools=WEATHER, tool_choice="required",
+                                      temperature=0, max_tokens=3)
+        assert r.choices[0].finish_reason == "length", r
+    try:
+        o.chat.completions.create(model="tools", messages=ask, tools=WEATHER, tool_choice={"type": "function", "function": {"name": "nope"}})
+        raise AssertionError("a tool_choice naming no tool was accepted")
+    except openai.BadRequestError as e:
+        assert "nope" in e.body["message"], e.body
+    ok("tool_choice required and named: a call of that function; parallel_tool_calls false: one; finish_reason length when cut")
+
+    # Tools on a template with no tool syntax: the generic format, read back as a call
+    # or as plain content (never the format's JSON).
+    r = c.chat(model=MODEL, messages=ask, tools=WEATHER, options={"temperature": 0, "num_predict": 200})
+    assert r.message.tool_calls or (r.message.content and not r.message.content.lstrip().startswith('{"')), r.message
+    ok("ollama chat with tools on a template without tool syntax: the generic format")
+
 
 {"ollama": ollama_checks, "openai": openai_checks, "tools": tools_checks}[GROUP]()

@@ -152,6 +152,16 @@ impl Rules {
             .expect("the object schema compiles")
     }
 
+    /// A JSON Schema's grammar under a caller's root: the schema's sentences are the
+    /// rule `json`, which `root` (GBNF rules, `root ::= …` among them) wraps in markup,
+    /// such as a model's tool-call syntax around a call's JSON.
+    pub fn json_schema_in(
+        schema: &serde_json::Value,
+        root: &str,
+    ) -> Result<Arc<Self>, GrammarError> {
+        Self::gbnf(&(schema::to_gbnf_as(schema, "json")? + root))
+    }
+
     /// A JSON Schema's grammar (`--json-schema`).
     pub fn json_schema(schema: &serde_json::Value) -> Result<Arc<Self>, GrammarError> {
         Self::gbnf(&schema::to_gbnf(schema)?)

@@ -871,6 +871,11 @@ impl Compiler<'_> {
 
 /// The GBNF text of a JSON Schema (`root` the document).
 pub fn to_gbnf(schema: &Value) -> Result<String, GrammarError> {
+    to_gbnf_as(schema, "root")
+}
+
+/// As [`to_gbnf`], the document's rule named `top` (no `root` unless `top` is it).
+pub fn to_gbnf_as(schema: &Value, top: &str) -> Result<String, GrammarError> {
     let mut c = Compiler {
         root: schema,
         out: String::new(),
@@ -878,8 +883,8 @@ pub fn to_gbnf(schema: &Value) -> Result<String, GrammarError> {
         refs: HashMap::new(),
         formats: false,
     };
-    let root = c.expr(schema, "root", 0)?;
-    let _ = writeln!(c.out, "root ::= {root}");
+    let root = c.expr(schema, top, 0)?;
+    let _ = writeln!(c.out, "{top} ::= {root}");
     for (name, body) in &c.rules {
         let _ = writeln!(c.out, "{name} ::= {body}");
     }
