@@ -1247,6 +1247,10 @@ fn serve_embeds_with_an_encoder_and_refuses_it_text() {
     );
     assert_eq!(st, 400, "{v}");
     assert!(v.to_string().contains("embedding model"), "{v}");
+    // Ollama's capabilities for a file with a pooling type: it embeds, nothing else.
+    let (st, v) = s.post("/api/show", &json!({"model": "minilm"}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["capabilities"], json!(["embedding"]), "{v}");
 }
 
 /// A cross-encoder (the tiny BERT reranker fixture, F32) serves `/v1/rerank` as

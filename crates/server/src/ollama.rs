@@ -202,6 +202,8 @@ pub struct GenerateRequest {
     context: Vec<u32>,
     system: Option<String>,
     template: Option<String>,
+    /// `think`, as template arguments.
+    kwargs: Map<String, Value>,
     keep_alive: Option<Option<Duration>>,
 }
 
@@ -235,6 +237,7 @@ impl GenerateRequest {
             context,
             system: f.str("system")?.map(str::to_string),
             template: f.str("template")?.map(str::to_string),
+            kwargs: think(body)?,
             keep_alive: params::keep_alive(body.get("keep_alive"))?,
             name,
         })
@@ -271,23 +274,7 @@ impl ChatRequest {
             },
             ..crate::tools::ToolRequest::none()
         };
-        let mut kwargs = Map::new();
-        match body.get("think") {
-            None | Some(Value::Null) => {}
-            Some(Value::Bool(b)) => {
-                kwargs.insert("enable_thinking".into(), (*b).into());
-            }
-            Some(Value::String(level)) if matches!(level.as_str(), "low" | "medium" | "high") => {
-                kwargs.insert("enable_thinking".into(), true.into());
-                kwargs.insert("reasoning_effort".into(), level.clone().into());
-            }
-            Some(_) => {
-                return Err(ApiError::field(
-                    "think",
-                    "must be true, false, \"low\", \"medium\" or \"high\"",
-                ));
-            }
-        }
+        let kwargs = think(body)?;
         Ok(ChatRequest {
             name,
             stream: f.bool("stream")?.unwrap_or(true),
@@ -299,6 +286,44 @@ impl ChatRequest {
             keep_alive: params::keep_alive(body.get("keep_alive"))?,
         })
     }
+}
+
+/// `think` as template arguments (`enable_thinking`, `reasoning_effort`).
+fn think(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    let mut kwargs = Map::new();
+    match body.get("think") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(b)) => {
+            kwargs.insert("enable_thinking".into(), (*b).into());
+        }
+        Some(Value::String(level)) if matches!(level.as_str(), "low" | "medium" | "high") => {
+            kwargs.insert("enable_thinking".into(), true.into());
+            kwargs.insert("reasoning_effort".into(), level.clone().into());
+        }
+        Some(_) => {
+            return Err(ApiError::field(
+                "think",
+                "must be true, false, \"low\", \"medium\" or \"high\"",
+            ));
+        }
+    }
+    Ok(kwargs)
+}
+
+/// Thinking asked of a model whose template has no reasoning: a 400, as Ollama gives it
+/// (never ignored).
+fn check_thinking(
+    name: &str,
+    format: Option<&llamay_template::ChatFormat>,
+    kwargs: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let asked = kwargs.get("enable_thinking") == Some(&Value::Bool(true));
+    if asked && !format.is_some_and(|f| llamay_template::has_thinking(f.source())) {
+        return Err(ApiError::bad(format!(
+            "\"{name}\" does not support thinking"
+        )));
+    }
+    Ok(())
 }
 
 async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response, ApiError> {
@@ -314,6 +339,7 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
         context,
         system,
         template,
+        kwargs,
         keep_alive: keep,
     } = GenerateRequest::parse(&body)?;
     let (model, load) = model_for(&s, &name).await?;
@@ -355,11 +381,12 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
             }
             _ => model.format.as_ref(),
         };
+        check_thinking(&name, format, &kwargs)?;
         let mut t = context.clone();
         match format {
             Some(fmt) => {
                 let text = fmt
-                    .render(&msgs, None, true, Map::new())
+                    .render(&msgs, None, true, kwargs)
                     .map_err(|e| ApiError::bad(format!("the chat template failed: {e}")))?;
                 if context.is_empty() {
                     t.extend(fmt.encode(&model.tok, &text));
@@ -540,6 +567,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
         }))
         .into_response());
     }
+    check_thinking(&name, model.format.as_ref(), &kwargs)?;
     let prompt = generate::chat_prompt(&model, &name, &messages, &tools, kwargs)?;
     let g = Generation {
         prompt: prompt.tokens,
@@ -865,15 +893,22 @@ async fn show(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
             .as_deref()
             .and_then(|n| llamay_template::builtin::get(n).map(|(_, src)| src.to_string()))
     });
-    // As Ollama derives them: tools when the template takes them, thinking when it has
+    // As Ollama derives them: an embedding model (one with a pooling type) embeds and
+    // does not complete; tools when the template takes them, thinking when it has
     // reasoning markup.
-    let mut capabilities = vec!["completion"];
-    if let Some(t) = &template {
-        if t.contains("tools") {
-            capabilities.push("tools");
-        }
-        if t.contains("<think>") || t.contains("enable_thinking") || t.contains("<|channel|>") {
-            capabilities.push("thinking");
+    let arch = info["general.architecture"].as_str().unwrap_or_default();
+    let mut capabilities = vec![];
+    if info.get(&format!("{arch}.pooling_type")).is_some() {
+        capabilities.push("embedding");
+    } else {
+        capabilities.push("completion");
+        if let Some(t) = &template {
+            if t.contains("tools") {
+                capabilities.push("tools");
+            }
+            if llamay_template::has_thinking(t) {
+                capabilities.push("thinking");
+            }
         }
     }
     let e = s.registry.engine();

@@ -10,5 +10,5 @@ mod render;
 
 pub use format::{ChatFormat, FormatError};
 pub use message::{Message, MessageError, ToolCall};
-pub use output::{Event, OutputFormat, OutputParser, ToolSyntax};
+pub use output::{Event, OutputFormat, OutputParser, ToolSyntax, has_thinking};
 pub use render::{ChatTemplate, MAX_OUTPUT, RenderOptions, TemplateError, civil_date};

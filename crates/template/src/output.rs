@@ -65,6 +65,14 @@ const H_MESSAGE: &str = "<|message|>";
 const H_START: &str = "<|start|>";
 const H_ENDS: [&str; 3] = ["<|end|>", "<|call|>", "<|return|>"];
 
+/// Whether a template's model reasons before it answers (`<think>`, a thinking switch,
+/// harmony's channels): what Ollama reports as the "thinking" capability.
+pub fn has_thinking(template_source: &str) -> bool {
+    [THINK_CLOSE, "enable_thinking", H_CHANNEL]
+        .iter()
+        .any(|m| template_source.contains(m))
+}
+
 impl OutputFormat {
     /// The format a template's model writes: by the markers its source mentions (as
     /// llama.cpp tells formats apart), and whether `prompt` (the rendered generation

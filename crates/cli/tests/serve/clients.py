@@ -35,7 +35,18 @@ def ollama_checks():
     assert info.modelinfo["general.architecture"] == "gemma3", info.modelinfo
     assert info.details.format == "gguf" and info.details.quantization_level == "Q4_K_M", info.details
     assert info.template and "start_of_turn" in info.template
-    ok("show reports model_info, details and the template")
+    assert info.capabilities == ["completion"], info.capabilities
+    assert "tools" in c.show("tools").capabilities
+    ok("show reports model_info, details, the template and the capabilities")
+    # Thinking asked of a model without reasoning is a 400 as Ollama gives it, not ignored.
+    for call in (lambda: c.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}], think=True),
+                 lambda: c.generate(model=MODEL, prompt="hi", think=True)):
+        try:
+            call()
+            raise AssertionError("think on a model without reasoning was accepted")
+        except ollama.ResponseError as e:
+            assert e.status_code == 400 and "does not support thinking" in e.error, e.error
+    ok("think on a model without reasoning is a 400")
 
     # A widely used integration sends the training context from /api/show on every
     # call: above --ctx-size it is clamped, as Ollama does, not refused.
