@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llamay_server::{ollama, openai, params};
+use llamay_server::{ollama, openai, params, responses};
 use serde_json::Value;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,10 +12,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(v) = serde_json::from_slice::<Value>(rest) else { return };
     let _ = params::keep_alive(Some(&v));
     let Value::Object(body) = v else { return };
-    match route % 4 {
+    match route % 5 {
         0 => drop(ollama::GenerateRequest::parse(&body)),
         1 => drop(ollama::ChatRequest::parse(&body)),
         2 => drop(openai::ChatRequest::parse(&body)),
+        3 => drop(responses::parse(&body)),
         _ => drop(openai::CompletionRequest::parse(&body)),
     }
 });

@@ -18,6 +18,7 @@ pub mod ollama;
 pub mod openai;
 pub mod params;
 pub mod registry;
+pub mod responses;
 pub mod scheduler;
 pub mod stop;
 pub mod stream;

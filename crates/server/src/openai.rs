@@ -28,29 +28,30 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/v1/rerank", post(rerank))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
+        .route("/v1/responses", post(crate::responses::create))
 }
 
 type Result<T> = std::result::Result<T, OaiError>;
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn new_id(prefix: &str) -> String {
+pub(crate) fn new_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}", params::random_seed())
 }
 
 /// The sampling fields both completion routes take.
 pub struct Common {
-    name: String,
-    params: SamplerParams,
-    max_tokens: usize,
-    stop: Vec<String>,
-    stream: bool,
-    include_usage: bool,
-    ignore_eos: bool,
+    pub(crate) name: String,
+    pub(crate) params: SamplerParams,
+    pub(crate) max_tokens: usize,
+    pub(crate) stop: Vec<String>,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) ignore_eos: bool,
 }
 
 fn common(body: &Map<String, Value>, default_max: usize) -> std::result::Result<Common, ApiError> {
@@ -172,12 +173,12 @@ fn tool_calls_json(calls: &[ToolCall], from: usize) -> Value {
 /// A checked `/v1/chat/completions` body: every field read and range-checked before a
 /// model is touched (the `server_request` fuzz target runs this on arbitrary JSON).
 pub struct ChatRequest {
-    c: Common,
-    messages: Vec<Message>,
-    tools: crate::tools::ToolRequest,
-    grammar: Option<Arc<llamay_engine::grammar::Rules>>,
-    logprobs: Option<usize>,
-    kwargs: Map<String, Value>,
+    pub(crate) c: Common,
+    pub(crate) messages: Vec<Message>,
+    pub(crate) tools: crate::tools::ToolRequest,
+    pub(crate) grammar: Option<Arc<llamay_engine::grammar::Rules>>,
+    pub(crate) logprobs: Option<usize>,
+    pub(crate) kwargs: Map<String, Value>,
 }
 
 impl ChatRequest {
@@ -423,7 +424,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
 
 /// Runs a non-streamed request through the stream's converter (usage always asked
 /// for): the chunks it would have sent.
-async fn collect<S: Default>(
+pub(crate) async fn collect<S: Default>(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
     mut convert: impl FnMut(&mut S, Option<Event>) -> Out,
 ) -> Result<Vec<Value>> {

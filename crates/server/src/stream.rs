@@ -16,6 +16,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 pub enum Framing {
     NdJson,
     Sse,
+    /// Server-sent events named by each object's `type` (`event: TYPE`), with no
+    /// `[DONE]`: OpenAI's Responses API.
+    SseTyped,
 }
 
 /// What a request's converter makes of one event: objects to send, and whether the
@@ -83,6 +86,12 @@ pub fn respond<S: Send + 'static>(
                         serde_json::to_writer(&mut buf, o).expect("a JSON value serialises");
                         buf.extend_from_slice(b"\n\n");
                     }
+                    Framing::SseTyped => {
+                        let name = o["type"].as_str().unwrap_or("error");
+                        buf.extend_from_slice(format!("event: {name}\ndata: ").as_bytes());
+                        serde_json::to_writer(&mut buf, o).expect("a JSON value serialises");
+                        buf.extend_from_slice(b"\n\n");
+                    }
                 }
             }
             if st.ended && matches!(st.framing, Framing::Sse) {
@@ -96,7 +105,7 @@ pub fn respond<S: Send + 'static>(
     let mut r = Response::new(Body::from_stream(stream));
     let ct = match framing {
         Framing::NdJson => "application/x-ndjson",
-        Framing::Sse => "text/event-stream",
+        Framing::Sse | Framing::SseTyped => "text/event-stream",
     };
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));

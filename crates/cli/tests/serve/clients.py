@@ -169,6 +169,38 @@ def openai_checks():
     assert MODEL in ids and "tools" in ids, ids
     ok("models")
 
+    # The Responses API (stateless, as Ollama serves it): whole and streamed, the
+    # documented events in order, the streamed text equal to the whole.
+    whole = c.responses.create(model=MODEL, input="Write one sentence about the sea.", temperature=0, max_output_tokens=24)
+    assert whole.object == "response" and whole.status in ("completed", "incomplete"), whole
+    assert whole.output_text and whole.usage.output_tokens > 0 and whole.usage.input_tokens > 0, whole
+    assert whole.output[0].type == "message" and whole.output[0].content[0].type == "output_text"
+    events = list(c.responses.create(model=MODEL, input="Write one sentence about the sea.", temperature=0,
+                                     max_output_tokens=24, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"], kinds
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed" if whole.status == "completed" else "response.incomplete"], kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == whole.output_text == events[-1].response.output_text, (streamed, whole.output_text)
+    cut = c.responses.create(model=MODEL, input="Count from one to a hundred.", temperature=0, max_output_tokens=4)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens", cut
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"],
+              "additionalProperties": False}
+    r = c.responses.create(model=MODEL, instructions="Answer in JSON.",
+                           input=[{"role": "user", "content": [{"type": "input_text", "text": "The sky's colour?"}]}],
+                           temperature=0, max_output_tokens=60,
+                           text={"format": {"type": "json_schema", "name": "c", "schema": schema, "strict": True}})
+    assert set(json.loads(r.output_text)) == {"colour"}, r.output_text
+    try:
+        c.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
+        raise AssertionError("previous_response_id was accepted")
+    except openai.BadRequestError as e:
+        assert "previous_response_id" in e.body["message"], e.body
+    ok("responses: text, streamed events in order, incomplete, text.format json_schema, previous_response_id refused")
+
     # An unknown route under /v1 answers in OpenAI's error shape (the client reads it).
     try:
         c.post("/no-such-route", cast_to=object, body={})
@@ -356,6 +388,22 @@ def tools_checks():
     except openai.BadRequestError as e:
         assert "nope" in e.body["message"], e.body
     ok("tool_choice required and named: a call of that function; parallel_tool_calls false: one; finish_reason length when cut")
+
+    # The Responses API's function tools: a function_call item, then its output sent
+    # back as a function_call_output item (the agent SDK's loop).
+    fn = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": WEATHER[0]["function"]["parameters"]}]
+    first = o.responses.create(model="tools", input="What is the weather in Paris?", tools=fn, tool_choice="required",
+                               temperature=0, max_output_tokens=100)
+    calls = [it for it in first.output if it.type == "function_call"]
+    assert calls and calls[0].name == "get_weather" and calls[0].call_id, first.output
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    second = o.responses.create(model="tools", tools=fn, temperature=0, max_output_tokens=30, input=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}])
+    assert second.status in ("completed", "incomplete") and second.output, second
+    ok("responses with function tools: a call, then its output sent back")
 
     # Tools on a template with no tool syntax: the generic format, read back as a call
     # or as plain content (never the format's JSON).
