@@ -290,6 +290,50 @@ fn serve_structured_output_is_valid_on_pydantic_schemas() {
     );
 }
 
+/// The frameworks people put in front of a server, each used as its README shows
+/// (tests/serve/frameworks.py: LangChain's Ollama and OpenAI integrations, instructor,
+/// the OpenAI agents SDK on the Responses API; pinned in a venv of their own by
+/// scripts/test, LLAMAY_FRAMEWORKS_PYTHON).
+#[test]
+fn serve_the_frameworks_work_as_their_readmes_show() {
+    let (Some(g), Some(py)) = (
+        gemma(),
+        llamay_synth::reference::path(
+            "LLAMAY_FRAMEWORKS_PYTHON",
+            "a Python with langchain-ollama, langchain-openai, instructor and openai-agents (scripts/test makes one)",
+        ),
+    ) else {
+        return;
+    };
+    let template = std::fs::read_to_string(data("data/serve/llama3-tools.jinja")).unwrap();
+    let tools = common::with_template(&g, "serve-frameworks-tools", &template);
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma3:270m",
+        "-m",
+        tools.to_str().unwrap(),
+        "--alias",
+        "tools",
+        "--chat-template",
+        "gemma",
+    ]);
+    let out = Command::new(&py)
+        .arg(data("serve/frameworks.py"))
+        .arg(&s.base)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        out.status.success(),
+        "frameworks.py failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log.lock().unwrap()
+    );
+}
+
 /// Pooled embeddings against llama.cpp's (llama-server --embeddings --pooling mean, f32
 /// cache, exact attention; scripts/gen-embed-expected). llama.cpp's own default run
 /// (flash attention, which rounds to f16) is 0.998-0.9999 in cosine from that exact

@@ -30,11 +30,32 @@ pub struct Generation {
 }
 
 /// A chat prompt: its tokens, how the model's answer will be marked up, and the
-/// grammar its tools ask for (a forced call, or the generic format's JSON).
+/// grammar of the answer (the request's `asked` one, as its tools shape it).
 pub struct ChatPrompt {
     pub tokens: Vec<u32>,
     pub output: OutputFormat,
     pub grammar: Option<Arc<Rules>>,
+    /// The request's tool names (what a bare JSON answer may call).
+    pub tool_names: Vec<String>,
+}
+
+impl ChatPrompt {
+    /// OpenAI's reading: an answer under the request's `response_format` (no forced
+    /// call) is content, never a call, even when its JSON looks like one (Ollama parses
+    /// calls out of `format`-constrained output; the generic format's own JSON is read
+    /// as ever).
+    pub fn answer_is_content(&mut self, asked: bool, tools: &ToolRequest) {
+        if asked && !tools.forced() && self.output.tools != ToolSyntax::Generic {
+            self.output.tools = ToolSyntax::None;
+        }
+    }
+
+    /// The parser of this prompt's answer.
+    pub fn parser(&self) -> ChatParser {
+        ChatParser {
+            parser: OutputParser::new(self.output).with_tools(self.tool_names.clone()),
+        }
+    }
 }
 
 /// Renders `messages` (and the tools) through the model's chat template. A template
@@ -44,6 +65,7 @@ pub fn chat_prompt(
     name: &str,
     messages: &[Message],
     tools: &ToolRequest,
+    asked: Option<Arc<Rules>>,
     kwargs: Map<String, Value>,
 ) -> Result<ChatPrompt, ApiError> {
     let format = model.format.as_ref().ok_or_else(|| {
@@ -69,23 +91,10 @@ pub fn chat_prompt(
     }
     Ok(ChatPrompt {
         tokens: format.encode(&model.tok, &text),
-        grammar: tools.grammar(output.tools)?,
+        grammar: tools.grammar(output.tools, asked)?,
+        tool_names: tools.names(),
         output,
     })
-}
-
-/// One grammar for the answer: a request's own (`format`, `response_format`) or its
-/// tools', never both (a forced call and a schema would contradict each other).
-pub fn one_grammar(
-    asked: Option<Arc<Rules>>,
-    tools: Option<Arc<Rules>>,
-) -> Result<Option<Arc<Rules>>, ApiError> {
-    match (asked, tools) {
-        (Some(_), Some(_)) => Err(ApiError::bad(
-            "a structured-output format and tools that constrain the answer (a forced tool_choice, or tools on a model without tool-call syntax) cannot be combined",
-        )),
-        (a, t) => Ok(a.or(t)),
-    }
 }
 
 /// Checks and queues `g` on `model`: the events of its answer.

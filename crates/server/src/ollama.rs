@@ -2,7 +2,7 @@
 //! line), integer-nanosecond durations, `done_reason`, RFC 3339 dates.
 
 use crate::error::ApiError;
-use crate::generate::{self, ChatOutput, ChatParser, Generation};
+use crate::generate::{self, ChatOutput, Generation};
 use crate::params::{self, Fields};
 use crate::registry::Loaded;
 use crate::scheduler::{Event, Finish, Summary};
@@ -568,13 +568,13 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
         .into_response());
     }
     check_thinking(&name, model.format.as_ref(), &kwargs)?;
-    let prompt = generate::chat_prompt(&model, &name, &messages, &tools, kwargs)?;
+    let prompt = generate::chat_prompt(&model, &name, &messages, &tools, grammar, kwargs)?;
     let g = Generation {
-        prompt: prompt.tokens,
+        prompt: prompt.tokens.clone(),
         params: opts.params,
         max_tokens: opts.max_tokens,
         stop: opts.stop,
-        grammar: generate::one_grammar(grammar, prompt.grammar)?,
+        grammar: prompt.grammar.clone(),
         logprobs: None,
         n_ctx: opts.n_ctx,
         render_special: true,
@@ -582,7 +582,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
     };
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let st = s.clone();
-    let mut parser = Some(ChatParser::new(prompt.output));
+    let mut parser = Some(prompt.parser());
     let mut first = true;
     let convert = move |_: &mut String, ev: Option<Event>| -> Out {
         let chunk = |d: generate::ChatDelta| {

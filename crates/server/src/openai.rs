@@ -3,7 +3,7 @@
 //! cross-encoder). Errors in OpenAI's shape.
 
 use crate::error::{ApiError, OaiError};
-use crate::generate::{self, ChatDelta, ChatOutput, ChatParser, Generation};
+use crate::generate::{self, ChatDelta, ChatOutput, Generation};
 use crate::ollama::body_object;
 use crate::params::{self, Fields};
 use crate::registry::Loaded;
@@ -254,13 +254,15 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
         kwargs,
     } = ChatRequest::parse(&body)?;
     let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
-    let prompt = generate::chat_prompt(&model, &c.name, &messages, &tools, kwargs)?;
+    let asked = grammar.is_some();
+    let mut prompt = generate::chat_prompt(&model, &c.name, &messages, &tools, grammar, kwargs)?;
+    prompt.answer_is_content(asked, &tools);
     let g = Generation {
-        prompt: prompt.tokens,
+        prompt: prompt.tokens.clone(),
         params: c.params,
         max_tokens: c.max_tokens,
         stop: c.stop,
-        grammar: generate::one_grammar(grammar, prompt.grammar)?,
+        grammar: prompt.grammar.clone(),
         logprobs,
         n_ctx: None,
         render_special: true,
@@ -272,7 +274,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let name = c.name.clone();
     let st = s.clone();
     let m2 = model.clone();
-    let mut parser = Some(ChatParser::new(prompt.output));
+    let mut parser = Some(prompt.parser());
     let mut pending_lp: Vec<Value> = Vec::new();
     let mut n_calls = 0usize;
     let mut first = true;

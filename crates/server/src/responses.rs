@@ -10,7 +10,7 @@
 
 use crate::State;
 use crate::error::{ApiError, OaiError};
-use crate::generate::{self, ChatDelta, ChatParser, Generation};
+use crate::generate::{self, ChatDelta, Generation};
 use crate::ollama::body_object;
 use crate::openai::{ChatRequest, collect, new_id, unix_now};
 use crate::scheduler::{Event, Finish, Summary};
@@ -475,13 +475,15 @@ pub async fn create(axum::extract::State(s): State, body: Body) -> Result<Respon
         kwargs,
     } = parse(&body)?;
     let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
-    let prompt = generate::chat_prompt(&model, &c.name, &messages, &tools, kwargs)?;
+    let asked = grammar.is_some();
+    let mut prompt = generate::chat_prompt(&model, &c.name, &messages, &tools, grammar, kwargs)?;
+    prompt.answer_is_content(asked, &tools);
     let g = Generation {
-        prompt: prompt.tokens,
+        prompt: prompt.tokens.clone(),
         params: c.params,
         max_tokens: c.max_tokens,
         stop: c.stop,
-        grammar: generate::one_grammar(grammar, prompt.grammar)?,
+        grammar: prompt.grammar.clone(),
         logprobs: None,
         n_ctx: None,
         render_special: true,
@@ -493,7 +495,7 @@ pub async fn create(axum::extract::State(s): State, body: Body) -> Result<Respon
         seq: 0,
         open: Open::None,
     };
-    let mut parser = Some(ChatParser::new(prompt.output));
+    let mut parser = Some(prompt.parser());
     let mut started = false;
     let st = s.clone();
     let convert = move |_: &mut (), ev: Option<Event>| -> Out {

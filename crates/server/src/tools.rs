@@ -111,27 +111,54 @@ impl ToolRequest {
         })
     }
 
+    /// The names of the request's functions.
+    pub fn names(&self) -> Vec<String> {
+        self.tools
+            .as_ref()
+            .map(functions)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect()
+    }
+
     /// Whether the answer must be a call.
     pub fn forced(&self) -> bool {
         self.tools.is_some() && matches!(self.choice, ToolChoice::Required | ToolChoice::Named(_))
     }
 
-    /// The grammar that keeps the answer to calls in `syntax` (None: unconstrained).
-    /// Generic answers are always constrained: a call or a `{"response"}`.
-    pub fn grammar(&self, syntax: ToolSyntax) -> Result<Option<Arc<Rules>>, ApiError> {
+    /// The grammar of the answer, given the one the request asked for (`format`,
+    /// `response_format`): a forced call's in `syntax` (the requested format is for a
+    /// later text answer); in the generic format, a call or a `{"response"}` that holds
+    /// the requested schema; else what was asked.
+    pub fn grammar(
+        &self,
+        syntax: ToolSyntax,
+        asked: Option<Arc<Rules>>,
+    ) -> Result<Option<Arc<Rules>>, ApiError> {
         let Some(tools) = &self.tools else {
-            return Ok(None);
+            return Ok(asked);
         };
         if !self.forced() && syntax != ToolSyntax::Generic {
-            return Ok(None);
+            return Ok(asked);
         }
+        let answer = match &asked {
+            None => None,
+            Some(r) => Some(r.schema().ok_or_else(|| {
+                ApiError::bad("a GBNF grammar and tools on a model without tool-call syntax cannot be combined (give a JSON Schema)")
+            })?),
+        };
         let args_key = if syntax == ToolSyntax::Llama3 {
             "parameters"
         } else {
             "arguments"
         };
         let call = call_schema(tools, &self.choice, args_key)?;
-        let many = self.parallel && syntax != ToolSyntax::Llama3;
+        // A named function is one call of it (what instructor and LangChain's
+        // function_calling read back; llama-server's default too); "required" makes as
+        // many as parallel_tool_calls allows.
+        let many =
+            self.parallel && syntax != ToolSyntax::Llama3 && self.choice == ToolChoice::Required;
         let calls = |open: &str, sep: &str, close: &str| {
             let more = if many {
                 format!(" ({sep} json)*")
@@ -159,11 +186,12 @@ impl ToolRequest {
                     "\",\" space",
                     "\"]\" space \"}\" space",
                 );
+                let response = if answer.is_some() { "answer" } else { "string" };
                 if self.forced() {
                     format!("root ::= {call}\n")
                 } else {
                     format!(
-                        "root ::= {call} | \"{{\" space \"\\\"response\\\"\" space \":\" space string \"}}\" space\n"
+                        "root ::= {call} | \"{{\" space \"\\\"response\\\"\" space \":\" space {response} \"}}\" space\n"
                     )
                 }
             }
@@ -177,9 +205,12 @@ impl ToolRequest {
                 unreachable!("a template without tool syntax answers in the generic format")
             }
         };
-        Rules::json_schema_in(&call, &root)
-            .map(Some)
-            .map_err(|e| ApiError::field("tools", format!("a tool's parameters: {e}")))
+        match answer.filter(|_| syntax == ToolSyntax::Generic && !self.forced()) {
+            Some(a) => Rules::json_schemas_in(&call, a, &root),
+            None => Rules::json_schema_in(&call, &root),
+        }
+        .map(Some)
+        .map_err(|e| ApiError::field("tools", format!("a tool's parameters: {e}")))
     }
 }
 
@@ -287,7 +318,7 @@ mod tests {
         ];
         for (syntax, one, two) in cases {
             let g = request(json!("required"), true)
-                .grammar(syntax)
+                .grammar(syntax, None)
                 .unwrap()
                 .unwrap();
             assert!(accepts(&g, &one) && accepts(&g, &two), "{syntax:?}");
@@ -296,7 +327,7 @@ mod tests {
                 "{syntax:?}"
             );
             let g = request(json!("required"), false)
-                .grammar(syntax)
+                .grammar(syntax, None)
                 .unwrap()
                 .unwrap();
             assert!(
@@ -304,7 +335,7 @@ mod tests {
                 "{syntax:?}: parallel_tool_calls false"
             );
             let g = request(json!({"type": "function", "function": {"name": "b"}}), true)
-                .grammar(syntax)
+                .grammar(syntax, None)
                 .unwrap()
                 .unwrap();
             assert!(
@@ -313,7 +344,7 @@ mod tests {
             );
         }
         let g = request(json!("required"), true)
-            .grammar(ToolSyntax::Llama3)
+            .grammar(ToolSyntax::Llama3, None)
             .unwrap()
             .unwrap();
         assert!(accepts(&g, r#"{"name": "a", "parameters": {"city": "X"}}"#));
@@ -323,7 +354,7 @@ mod tests {
         ));
         // Generic with auto: a call or a response; other syntaxes unconstrained.
         let g = request(json!("auto"), true)
-            .grammar(ToolSyntax::Generic)
+            .grammar(ToolSyntax::Generic, None)
             .unwrap()
             .unwrap();
         assert!(
@@ -332,13 +363,13 @@ mod tests {
         );
         assert!(
             request(json!("auto"), true)
-                .grammar(ToolSyntax::Hermes)
+                .grammar(ToolSyntax::Hermes, None)
                 .unwrap()
                 .is_none()
         );
         assert!(
             request(json!("required"), true)
-                .grammar(ToolSyntax::Harmony)
+                .grammar(ToolSyntax::Harmony, None)
                 .is_err()
         );
     }

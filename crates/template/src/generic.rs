@@ -88,18 +88,14 @@ pub fn parse(output: &str) -> Vec<Event> {
             return calls.into_iter().map(Event::ToolCall).collect();
         }
     }
-    match v
+    let only_response = v
         .as_ref()
-        .and_then(|v| v.get("response"))
-        .and_then(Value::as_str)
-    {
-        Some(r)
-            if v.as_ref()
-                .and_then(Value::as_object)
-                .is_some_and(|o| o.len() == 1) =>
-        {
-            vec![Event::Content(r.to_string())]
-        }
+        .and_then(Value::as_object)
+        .is_some_and(|o| o.len() == 1);
+    match v.as_ref().and_then(|v| v.get("response")) {
+        // A text answer, or one under a requested schema (its JSON text).
+        Some(Value::String(r)) if only_response => vec![Event::Content(r.to_string())],
+        Some(r) if only_response => vec![Event::Content(r.to_string())],
         _ if output.trim().is_empty() => Vec::new(),
         _ => vec![Event::Content(output.trim().to_string())],
     }
@@ -123,6 +119,10 @@ mod tests {
             vec![Event::Content("hi".into())]
         );
         assert_eq!(parse("plain"), vec![Event::Content("plain".into())]);
+        assert_eq!(
+            parse(r#"{"response": {"n": 1}}"#),
+            vec![Event::Content(r#"{"n":1}"#.into())]
+        );
     }
 
     #[test]

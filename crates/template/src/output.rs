@@ -139,6 +139,9 @@ pub struct OutputParser {
     segment_started: bool,
     /// Whether any content has been emitted at all (Llama 3's bare JSON must be first).
     any_content: bool,
+    /// The request's tool names, when known: a bare JSON answer (Llama 3) is a call only
+    /// if it names one of them (a schema-constrained answer with a `name` field is not).
+    known_tools: Option<Vec<String>>,
 }
 
 /// The first occurrence of any of `markers` in `s`: (offset, marker).
@@ -211,7 +214,14 @@ impl OutputParser {
             held_ws: String::new(),
             segment_started: false,
             any_content: false,
+            known_tools: None,
         }
+    }
+
+    /// Reads bare JSON as a call only when it names one of `names`.
+    pub fn with_tools(mut self, names: Vec<String>) -> Self {
+        self.known_tools = Some(names);
+        self
     }
 
     /// Feeds generated text; returns the events now certain.
@@ -378,7 +388,12 @@ impl OutputParser {
                         return false;
                     }
                     let text = std::mem::take(&mut self.pending);
-                    match call_from_object(&v) {
+                    let known = |c: &ToolCall| {
+                        self.known_tools
+                            .as_ref()
+                            .is_none_or(|n| n.contains(&c.name))
+                    };
+                    match call_from_object(&v).filter(known) {
                         Some(call) => out.push(Event::ToolCall(call)),
                         None => self.literal(&text, out),
                     }

@@ -342,20 +342,24 @@ def tools_checks():
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]}
     msgs[2] = {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
     r = o.chat.completions.create(model="tools", messages=msgs, tools=WEATHER, temperature=0, max_tokens=60,
-                                  response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": CALL}})
+                                  tool_choice="required")
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls", ch
     call = ch.message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather" and call.id
     assert isinstance(json.loads(call.function.arguments)["city"], str)
     chunks = list(o.chat.completions.create(model="tools", messages=msgs, tools=WEATHER, temperature=0, max_tokens=60,
-                                            stream=True, response_format={"type": "json_schema",
-                                                                          "json_schema": {"name": "call", "schema": CALL}}))
+                                            stream=True, tool_choice="required"))
     streamed = [tc for k in chunks if k.choices for tc in (k.choices[0].delta.tool_calls or [])]
     assert streamed and streamed[0].function.name == "get_weather", chunks
     assert json.loads(streamed[0].function.arguments) == json.loads(call.function.arguments)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    ok("openai chat with tools: tool_calls and finish_reason, streamed and not")
+    # An answer under response_format is content, even when its JSON looks like a call
+    # (as OpenAI reads it).
+    r = o.chat.completions.create(model="tools", messages=msgs, tools=WEATHER, temperature=0, max_tokens=60,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": CALL}})
+    assert not r.choices[0].message.tool_calls and json.loads(r.choices[0].message.content)["name"] == "get_weather", r
+    ok("openai chat with tools: tool_calls and finish_reason, streamed and not; response_format answers are content")
 
     # A forced tool_choice (the default path of several structured-output libraries):
     # the answer is a call, in the model's own syntax (Llama 3 JSON for `tools`, the

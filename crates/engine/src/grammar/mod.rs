@@ -103,6 +103,8 @@ pub struct Rules {
     alts: Vec<Vec<u32>>,
     names: Vec<String>,
     root: u32,
+    /// The JSON Schema the grammar was compiled from (None for GBNF).
+    schema: Option<serde_json::Value>,
 }
 
 impl Rules {
@@ -131,6 +133,7 @@ impl Rules {
             alts,
             names,
             root,
+            schema: None,
         })
     }
 
@@ -162,9 +165,26 @@ impl Rules {
         Self::gbnf(&(schema::to_gbnf_as(schema, "json")? + root))
     }
 
+    /// As [`Rules::json_schema_in`], with a second document as the rule `answer` (the
+    /// generic tool format's response under a requested schema).
+    pub fn json_schemas_in(
+        call: &serde_json::Value,
+        answer: &serde_json::Value,
+        root: &str,
+    ) -> Result<Arc<Self>, GrammarError> {
+        Self::gbnf(&(schema::to_gbnf_tops(&[(call, "json"), (answer, "answer")])? + root))
+    }
+
     /// A JSON Schema's grammar (`--json-schema`).
     pub fn json_schema(schema: &serde_json::Value) -> Result<Arc<Self>, GrammarError> {
-        Self::gbnf(&schema::to_gbnf(schema)?)
+        let mut rules = gbnf::parse(&schema::to_gbnf(schema)?)?;
+        rules.schema = Some(schema.clone());
+        Ok(Arc::new(rules))
+    }
+
+    /// The JSON Schema this grammar was compiled from (None for GBNF).
+    pub fn schema(&self) -> Option<&serde_json::Value> {
+        self.schema.as_ref()
     }
 
     pub fn rule_count(&self) -> usize {

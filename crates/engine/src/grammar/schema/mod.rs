@@ -92,13 +92,15 @@ array ::= "[" space ( value ("," space value)* )? "]" space
 
 struct Compiler<'s> {
     root: &'s Value,
-    out: String,
     /// Generated rule bodies by name.
     rules: Vec<(String, String)>,
     /// `$ref` target → its rule name (so recursive schemas refer to themselves).
     refs: HashMap<String, String>,
     /// Whether a `format` was used (its helper rules are then emitted).
     formats: bool,
+    /// The document's rule name: the prefix of its `$ref` rules, so that several
+    /// documents share one grammar.
+    top: String,
 }
 
 fn err(what: impl Into<String>) -> GrammarError {
@@ -303,7 +305,7 @@ impl<'s> Compiler<'s> {
                 .ok_or_else(|| err(format!("`$ref` \"{r}\" points nowhere")))?;
         }
         // Name the rule first, so a recursive schema refers to it.
-        let name = format!("ref-{}", self.rules.len());
+        let name = format!("{}-ref-{}", self.top, self.rules.len());
         self.rules.push((name.clone(), String::new()));
         self.refs.insert(r.to_string(), name.clone());
         let body = self.expr(target, &name, depth + 1)?;
@@ -876,21 +878,32 @@ pub fn to_gbnf(schema: &Value) -> Result<String, GrammarError> {
 
 /// As [`to_gbnf`], the document's rule named `top` (no `root` unless `top` is it).
 pub fn to_gbnf_as(schema: &Value, top: &str) -> Result<String, GrammarError> {
-    let mut c = Compiler {
-        root: schema,
-        out: String::new(),
-        rules: Vec::new(),
-        refs: HashMap::new(),
-        formats: false,
-    };
-    let root = c.expr(schema, top, 0)?;
-    let _ = writeln!(c.out, "{top} ::= {root}");
-    for (name, body) in &c.rules {
-        let _ = writeln!(c.out, "{name} ::= {body}");
+    to_gbnf_tops(&[(schema, top)])
+}
+
+/// Several documents in one grammar, each as its rule `top` (distinct names), the
+/// primitives once.
+pub fn to_gbnf_tops(docs: &[(&Value, &str)]) -> Result<String, GrammarError> {
+    let mut out = String::new();
+    let mut formats = false;
+    for &(schema, top) in docs {
+        let mut c = Compiler {
+            root: schema,
+            rules: Vec::new(),
+            refs: HashMap::new(),
+            formats: false,
+            top: top.to_string(),
+        };
+        let root = c.expr(schema, top, 0)?;
+        let _ = writeln!(out, "{top} ::= {root}");
+        for (name, body) in &c.rules {
+            let _ = writeln!(out, "{name} ::= {body}");
+        }
+        formats |= c.formats;
     }
-    c.out.push_str(PRIMITIVES);
-    if c.formats {
-        c.out.push_str(&format::helpers());
+    out.push_str(PRIMITIVES);
+    if formats {
+        out.push_str(&format::helpers());
     }
-    Ok(c.out)
+    Ok(out)
 }
