@@ -3,7 +3,7 @@
 //! cross-encoder). Errors in OpenAI's shape.
 
 use crate::error::{ApiError, OaiError};
-use crate::generate::{self, ChatDelta, ChatOutput, Generation};
+use crate::generate::{self, ChatDelta, ChatOutput, ChatParser, Generation};
 use crate::ollama::body_object;
 use crate::params::{self, Fields};
 use crate::registry::Loaded;
@@ -52,7 +52,12 @@ pub struct Common {
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     pub(crate) ignore_eos: bool,
+    /// Choices asked for (`n`).
+    pub(crate) n: usize,
 }
+
+/// The most choices one request may ask for.
+const MAX_CHOICES: usize = 16;
 
 fn common(body: &Map<String, Value>, default_max: usize) -> std::result::Result<Common, ApiError> {
     let f = Fields::top(body);
@@ -61,14 +66,8 @@ fn common(body: &Map<String, Value>, default_max: usize) -> std::result::Result<
         .filter(|m| !m.is_empty())
         .ok_or_else(|| ApiError::field("model", "is required"))?
         .to_string();
-    if let Some(n) = f.int("n", 1, i64::MAX)?
-        && n != 1
-    {
-        return Err(ApiError::field(
-            "n",
-            "llamay returns one choice per request (n = 1)",
-        ));
-    }
+    // Choices share the prompt's prefill (the later ones fork the first's cache).
+    let n = f.int("n", 1, MAX_CHOICES as i64)?.unwrap_or(1) as usize;
     let params = SamplerParams {
         temperature: f.f32("temperature", 0.0, 100.0)?.unwrap_or(0.8),
         top_k: f.int("top_k", 0, 1 << 30)?.map_or(40, |k| k as usize),
@@ -99,6 +98,7 @@ fn common(body: &Map<String, Value>, default_max: usize) -> std::result::Result<
         stream: f.bool("stream")?.unwrap_or(false),
         include_usage: so.bool("include_usage")?.unwrap_or(false),
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        n,
     })
 }
 
@@ -242,6 +242,69 @@ impl ChatRequest {
     }
 }
 
+/// Submits `n` generations of one prompt (seeds `seed`, `seed + 1`, …): the first
+/// alone, the rest once its prompt is in the cache (its first event), so that they fork
+/// that prefill instead of repeating it. One receiver of (choice, event).
+async fn submit_n(
+    model: &Loaded,
+    s: &crate::AppState,
+    g: Generation,
+    n: usize,
+) -> std::result::Result<tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
+    let again = |i: usize| Generation {
+        prompt: g.prompt.clone(),
+        params: SamplerParams {
+            seed: g.params.seed.wrapping_add(i as u64),
+            ..g.params.clone()
+        },
+        max_tokens: g.max_tokens,
+        stop: g.stop.clone(),
+        grammar: g.grammar.clone(),
+        logprobs: g.logprobs,
+        n_ctx: g.n_ctx,
+        render_special: g.render_special,
+        ignore_eos: g.ignore_eos,
+    };
+    let rest: Vec<Generation> = (1..n).map(again).collect();
+    let mut first = generate::submit(model, g).map_err(|e| s.rejected(e))?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let forward = |i: usize,
+                   mut from: tokio::sync::mpsc::UnboundedReceiver<Event>,
+                   tx: tokio::sync::mpsc::UnboundedSender<(usize, Event)>| {
+        tokio::spawn(async move {
+            while let Some(ev) = from.recv().await {
+                if tx.send((i, ev)).is_err() {
+                    return; // the client went away: dropping `from` cancels it
+                }
+            }
+        });
+    };
+    if !rest.is_empty() {
+        match first.recv().await {
+            Some(ev) => {
+                let _ = tx.send((0, ev));
+            }
+            None => return Err(ApiError::internal("the model's engine stopped")),
+        }
+        for (k, g) in rest.into_iter().enumerate() {
+            let rx_i = generate::submit(model, g).map_err(|e| s.rejected(e))?;
+            forward(k + 1, rx_i, tx.clone());
+        }
+    }
+    forward(0, first, tx);
+    Ok(rx)
+}
+
+/// One choice's state while its chunks are made.
+#[derive(Default)]
+struct Choice {
+    parser: Option<ChatParser>,
+    pending_lp: Vec<Value>,
+    n_calls: usize,
+    sent_role: bool,
+    done: bool,
+}
+
 async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
@@ -268,22 +331,27 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
         render_special: true,
         ignore_eos: c.ignore_eos,
     };
-    let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
+    let n = c.n;
+    let rx = submit_n(&model, &s, g, n).await?;
     let id = new_id("chatcmpl");
     let created = unix_now();
     let name = c.name.clone();
     let st = s.clone();
     let m2 = model.clone();
-    let mut parser = Some(prompt.parser());
-    let mut pending_lp: Vec<Value> = Vec::new();
-    let mut n_calls = 0usize;
+    let mut choices: Vec<Choice> = (0..n)
+        .map(|_| Choice {
+            parser: Some(prompt.parser()),
+            ..Choice::default()
+        })
+        .collect();
     let mut first = true;
+    let mut finished = 0usize;
+    let mut total = (0usize, 0usize, 0usize); // prompt, cached, generated
     // A whole (non-streamed) answer always carries its usage.
     let include_usage = c.include_usage || !c.stream;
-    let mut sent_role = false;
-    let convert = move |_: &mut (), ev: Option<Event>| -> Out {
-        let chunk = |delta: Value, finish: Value, lp: Option<Vec<Value>>| {
-            let mut choice = json!({"index": 0, "delta": delta, "finish_reason": finish});
+    let convert = move |_: &mut (), ev: Option<(usize, Event)>| -> Out {
+        let chunk = |i: usize, delta: Value, finish: Value, lp: Option<Vec<Value>>| {
+            let mut choice = json!({"index": i, "delta": delta, "finish_reason": finish});
             if let Some(lp) = lp {
                 choice["logprobs"] = json!({"content": lp});
             } else {
@@ -312,33 +380,41 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
             Value::Object(m)
         };
         match ev {
-            Some(Event::Token(p)) => {
+            Some((i, Event::Token(p))) => {
                 if first {
                     first = false;
                     st.metrics.first_token(start.elapsed());
                 }
+                let ch = &mut choices[i];
                 if let Some(v) = token_logprob(&m2, &p) {
-                    pending_lp.push(v);
+                    ch.pending_lp.push(v);
                 }
-                let d = parser.as_mut().map(|x| x.push(&p.text)).unwrap_or_default();
+                let d = ch
+                    .parser
+                    .as_mut()
+                    .map(|x| x.push(&p.text))
+                    .unwrap_or_default();
                 if d.is_empty() {
                     return Out {
                         objects: vec![],
                         end: false,
                     };
                 }
-                let lp = logprobs.map(|_| std::mem::take(&mut pending_lp));
-                let role = !std::mem::replace(&mut sent_role, true);
-                let delta = delta_json(d, &mut n_calls, role);
+                let lp = logprobs.map(|_| std::mem::take(&mut ch.pending_lp));
+                let role = !std::mem::replace(&mut ch.sent_role, true);
+                let delta = delta_json(d, &mut ch.n_calls, role);
                 Out {
-                    objects: vec![chunk(delta, Value::Null, lp)],
+                    objects: vec![chunk(i, delta, Value::Null, lp)],
                     end: false,
                 }
             }
-            Some(Event::Done(sum)) => {
+            Some((i, Event::Done(sum))) => {
                 st.metrics.finished(start.elapsed());
+                let ch = &mut choices[i];
+                ch.done = true;
+                finished += 1;
                 let mut out = ChatOutput::default();
-                if let Some(mut p) = parser.take() {
+                if let Some(mut p) = ch.parser.take() {
                     p.push(&sum.tail).append_to(&mut out);
                     p.finish().append_to(&mut out);
                 }
@@ -348,25 +424,44 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
                     tool_calls: out.tool_calls,
                 };
                 let mut objects = Vec::new();
-                let role = !std::mem::replace(&mut sent_role, true);
+                let role = !std::mem::replace(&mut ch.sent_role, true);
                 if !d.is_empty() || role {
-                    let lp = logprobs.map(|_| std::mem::take(&mut pending_lp));
-                    objects.push(chunk(delta_json(d, &mut n_calls, role), Value::Null, lp));
+                    let lp = logprobs.map(|_| std::mem::take(&mut ch.pending_lp));
+                    objects.push(chunk(
+                        i,
+                        delta_json(d, &mut ch.n_calls, role),
+                        Value::Null,
+                        lp,
+                    ));
                 }
                 let lp = logprobs
-                    .map(|_| std::mem::take(&mut pending_lp))
+                    .map(|_| std::mem::take(&mut ch.pending_lp))
                     .filter(|l| !l.is_empty());
                 objects.push(chunk(
+                    i,
                     json!({}),
-                    finish_reason(&sum, n_calls > 0).into(),
+                    finish_reason(&sum, ch.n_calls > 0).into(),
                     lp,
                 ));
-                if include_usage {
-                    objects.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [], "usage": usage(&sum)}));
+                // The prompt once (its prefill is shared), every choice's tokens.
+                if total.0 == 0 {
+                    total.0 = sum.prompt_tokens;
+                    total.1 = sum.cached_tokens;
                 }
-                Out { objects, end: true }
+                total.2 += sum.generated;
+                let end = finished == choices.len();
+                if end && include_usage {
+                    let u = json!({
+                        "prompt_tokens": total.0,
+                        "completion_tokens": total.2,
+                        "total_tokens": total.0 + total.2,
+                        "prompt_tokens_details": {"cached_tokens": total.1},
+                    });
+                    objects.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [], "usage": u}));
+                }
+                Out { objects, end }
             }
-            Some(Event::Failed(why)) => {
+            Some((_, Event::Failed(why))) => {
                 st.metrics.failed();
                 stream::failed(Some(why), true)
             }
@@ -377,10 +472,17 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
         return Ok(stream::respond(Framing::Sse, rx, (), convert));
     }
     let chunks = collect(rx, convert).await?;
-    // Fold the chunks into one chat.completion.
-    let (mut content, mut reasoning, mut calls, mut lps) =
-        (String::new(), String::new(), Vec::new(), Vec::new());
-    let (mut finish, mut usage_v) = (Value::Null, Value::Null);
+    // Fold the chunks into one chat.completion, a message per choice.
+    #[derive(Default)]
+    struct Folded {
+        content: String,
+        reasoning: String,
+        calls: Vec<Value>,
+        lps: Vec<Value>,
+        finish: Value,
+    }
+    let mut folded: Vec<Folded> = (0..n).map(|_| Folded::default()).collect();
+    let mut usage_v = Value::Null;
     for ch in &chunks {
         if let Some(u) = ch.get("usage") {
             usage_v = u.clone();
@@ -388,37 +490,45 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
         let Some(choice) = ch["choices"].get(0) else {
             continue;
         };
+        let f = &mut folded[choice["index"].as_u64().unwrap_or(0) as usize];
         let d = &choice["delta"];
-        content += d["content"].as_str().unwrap_or("");
-        reasoning += d["reasoning_content"].as_str().unwrap_or("");
+        f.content += d["content"].as_str().unwrap_or("");
+        f.reasoning += d["reasoning_content"].as_str().unwrap_or("");
         if let Some(a) = d["tool_calls"].as_array() {
             for call in a {
                 let mut call = call.clone();
                 if let Some(o) = call.as_object_mut() {
                     o.remove("index");
                 }
-                calls.push(call);
+                f.calls.push(call);
             }
         }
         if let Some(a) = choice["logprobs"]["content"].as_array() {
-            lps.extend(a.iter().cloned());
+            f.lps.extend(a.iter().cloned());
         }
         if !choice["finish_reason"].is_null() {
-            finish = choice["finish_reason"].clone();
+            f.finish = choice["finish_reason"].clone();
         }
     }
-    let mut message = json!({"role": "assistant", "content": content});
-    if !reasoning.is_empty() {
-        message["reasoning_content"] = reasoning.into();
-    }
-    if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(calls);
-    }
+    let out: Vec<Value> = folded
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mut message = json!({"role": "assistant", "content": f.content});
+            if !f.reasoning.is_empty() {
+                message["reasoning_content"] = f.reasoning.into();
+            }
+            if !f.calls.is_empty() {
+                message["tool_calls"] = Value::Array(f.calls);
+            }
+            json!({"index": i, "message": message, "finish_reason": f.finish,
+                   "logprobs": if logprobs.is_some() { json!({"content": f.lps}) } else { Value::Null }})
+        })
+        .collect();
     let first = &chunks[0];
     Ok(axum::Json(json!({
         "id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
-        "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                     "logprobs": if logprobs.is_some() { json!({"content": lps}) } else { Value::Null }}],
+        "choices": out,
         "usage": usage_v,
     }))
     .into_response())
@@ -426,9 +536,9 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
 
 /// Runs a non-streamed request through the stream's converter (usage always asked
 /// for): the chunks it would have sent.
-pub(crate) async fn collect<S: Default>(
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    mut convert: impl FnMut(&mut S, Option<Event>) -> Out,
+pub(crate) async fn collect<S: Default, T>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+    mut convert: impl FnMut(&mut S, Option<T>) -> Out,
 ) -> Result<Vec<Value>> {
     let mut state = S::default();
     let mut chunks = Vec::new();
@@ -514,6 +624,12 @@ impl CompletionRequest {
     pub fn parse(body: &Map<String, Value>) -> std::result::Result<Self, ApiError> {
         // OpenAI's default for this route is 16 tokens.
         let c = common(body, 16)?;
+        if c.n > 1 {
+            return Err(ApiError::field(
+                "n",
+                "/v1/completions returns one choice per request; /v1/chat/completions takes n > 1",
+            ));
+        }
         let f = Fields::top(body);
         if f.bool("echo")?.unwrap_or(false) {
             return Err(ApiError::field(

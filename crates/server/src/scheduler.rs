@@ -664,25 +664,34 @@ impl<'m, 't> Engine<'m, 't> {
         Ok(t)
     }
 
-    /// A sequence holding the longest prefix of `prompt` some idle sequence holds (at
-    /// most all but its last token, whose logits are needed), and its length.
+    /// A sequence holding the longest prefix of `prompt` an idle or running sequence
+    /// holds (at most all but its last token, whose logits are needed), and its length.
+    /// Forking a running one is what makes a request's `n` choices share one prefill.
     fn reuse_prefix(&mut self, prompt: &[u32]) -> (SeqId, usize) {
-        let mut candidates: Vec<(usize, usize)> = (self.idle.iter().enumerate())
-            .filter_map(|(i, s)| {
-                let held = self.ctx.kv().tokens(s.seq).ok()?;
-                let n = common_prefix(held, prompt).min(prompt.len() - 1);
-                (n >= MIN_REUSE || (n > 0 && n == prompt.len() - 1)).then_some((n, i))
-            })
+        let held = |seq: SeqId| -> Option<usize> {
+            let held = self.ctx.kv().tokens(seq).ok()?;
+            let n = common_prefix(held, prompt).min(prompt.len() - 1);
+            (n >= MIN_REUSE || (n > 0 && n == prompt.len() - 1)).then_some(n)
+        };
+        // (length, parent, index in `idle` if idle)
+        let mut candidates: Vec<(usize, SeqId, Option<usize>)> = (self.idle.iter().enumerate())
+            .filter_map(|(i, s)| Some((held(s.seq)?, s.seq, Some(i))))
+            .chain(
+                self.slots
+                    .iter()
+                    .filter_map(|s| Some((held(s.seq)?, s.seq, None))),
+            )
             .collect();
-        candidates.sort_by(|a, b| b.cmp(a));
-        for (n, i) in candidates {
-            let parent = self.idle[i].seq;
+        candidates.sort_by(|a, b| b.0.cmp(&a.0));
+        for (n, parent, idle) in candidates {
             let Ok(seq) = self.ctx.kv_mut().fork(parent) else {
                 continue;
             };
             // A sliding window may have released what the shorter prefix needs.
             if self.ctx.kv_mut().truncate(seq, n).is_ok() {
-                self.idle[i].used = Instant::now();
+                if let Some(i) = idle {
+                    self.idle[i].used = Instant::now();
+                }
                 return (seq, n);
             }
             let _ = self.ctx.kv_mut().free(seq);

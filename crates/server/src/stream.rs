@@ -3,7 +3,6 @@
 //! request's receiver, so a client that goes away drops it, and the engine drops the
 //! request at its next step.
 
-use crate::scheduler::Event;
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
@@ -45,14 +44,14 @@ pub fn failed(why: Option<String>, openai: bool) -> Out {
 
 /// A streaming response: `convert` turns every event (and `None` if the engine went
 /// away without finishing) into the objects sent.
-pub fn respond<S: Send + 'static>(
+pub fn respond<S: Send + 'static, T: Send + 'static>(
     framing: Framing,
-    rx: UnboundedReceiver<Event>,
+    rx: UnboundedReceiver<T>,
     state: S,
-    convert: impl FnMut(&mut S, Option<Event>) -> Out + Send + 'static,
+    convert: impl FnMut(&mut S, Option<T>) -> Out + Send + 'static,
 ) -> Response {
-    struct St<S, F> {
-        rx: UnboundedReceiver<Event>,
+    struct St<S, F, T> {
+        rx: UnboundedReceiver<T>,
         state: S,
         convert: F,
         ended: bool,

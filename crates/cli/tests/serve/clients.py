@@ -261,11 +261,24 @@ def openai_checks():
     assert streamed == r.choices[0].text
     ok("completions: text and token-id prompts agree; streaming")
 
-    try:
-        c.chat.completions.create(**args, n=2)
-        raise AssertionError("n=2 accepted")
-    except openai.BadRequestError as e:
-        assert "n" in str(e)
+    # n choices: each its own seed, the prompt's prefill shared (later choices fork the
+    # first's cache); at temperature 0 every choice is the single answer.
+    greedy = c.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=12)
+    many = c.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=12, n=3)
+    assert [ch.index for ch in many.choices] == [0, 1, 2], many
+    assert all(ch.message.content == greedy.choices[0].message.content for ch in many.choices), many
+    assert many.usage.prompt_tokens == greedy.usage.prompt_tokens
+    assert many.usage.completion_tokens == 3 * greedy.usage.completion_tokens, many.usage
+    sampled = c.chat.completions.create(model=MODEL, messages=msgs, temperature=1.0, seed=5, max_tokens=12, n=3)
+    alone = [c.chat.completions.create(model=MODEL, messages=msgs, temperature=1.0, seed=5 + i, max_tokens=12)
+             for i in range(3)]
+    assert [ch.message.content for ch in sampled.choices] == [a.choices[0].message.content for a in alone], sampled
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, temperature=1.0, seed=5, max_tokens=12, n=3,
+                                            stream=True))
+    for i in range(3):
+        text = "".join(k.choices[0].delta.content or "" for k in chunks if k.choices and k.choices[0].index == i)
+        assert text == sampled.choices[i].message.content, (i, text)
+    ok("n choices: seeds seed..seed+n-1, each equal to its request alone, streamed and not")
     try:
         c.completions.create(model=MODEL, prompt=[10**9], max_tokens=2)
         raise AssertionError("a token id outside the vocabulary was accepted")
@@ -276,7 +289,7 @@ def openai_checks():
         raise AssertionError("unknown model answered")
     except openai.NotFoundError:
         pass
-    ok("errors: n > 1, token ids outside the vocabulary, unknown model")
+    ok("errors: token ids outside the vocabulary, unknown model")
 
     import base64
     import struct
