@@ -527,7 +527,7 @@ fn serve_hostile_requests_get_named_errors() {
         ),
         (
             "/v1/completions",
-            json!({"model": "gemma", "prompt": "x", "n": 3}),
+            json!({"model": "gemma", "prompt": "x", "n": 17}),
             "n",
         ),
     ];

@@ -115,13 +115,32 @@ fn extension_grammar(
     generate::grammar_of_format("json_schema", body.get("json_schema"))
 }
 
-fn usage(s: &Summary) -> Value {
-    json!({
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.generated,
-        "total_tokens": s.prompt_tokens + s.generated,
-        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
-    })
+/// Usage of `n` choices of one prompt: its tokens once (the choices share its
+/// prefill), every choice's generated tokens.
+#[derive(Default)]
+struct Usage {
+    prompt: usize,
+    cached: usize,
+    generated: usize,
+}
+
+impl Usage {
+    fn add(&mut self, s: &Summary) {
+        if self.prompt == 0 {
+            self.prompt = s.prompt_tokens;
+            self.cached = s.cached_tokens;
+        }
+        self.generated += s.generated;
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.generated,
+            "total_tokens": self.prompt + self.generated,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        })
+    }
 }
 
 /// OpenAI's `finish_reason`: a token limit is "length" even after calls (the answer
@@ -346,7 +365,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
         .collect();
     let mut first = true;
     let mut finished = 0usize;
-    let mut total = (0usize, 0usize, 0usize); // prompt, cached, generated
+    let mut total = Usage::default();
     // A whole (non-streamed) answer always carries its usage.
     let include_usage = c.include_usage || !c.stream;
     let convert = move |_: &mut (), ev: Option<(usize, Event)>| -> Out {
@@ -443,21 +462,10 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
                     finish_reason(&sum, ch.n_calls > 0).into(),
                     lp,
                 ));
-                // The prompt once (its prefill is shared), every choice's tokens.
-                if total.0 == 0 {
-                    total.0 = sum.prompt_tokens;
-                    total.1 = sum.cached_tokens;
-                }
-                total.2 += sum.generated;
+                total.add(&sum);
                 let end = finished == choices.len();
                 if end && include_usage {
-                    let u = json!({
-                        "prompt_tokens": total.0,
-                        "completion_tokens": total.2,
-                        "total_tokens": total.0 + total.2,
-                        "prompt_tokens_details": {"cached_tokens": total.1},
-                    });
-                    objects.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [], "usage": u}));
+                    objects.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [], "usage": total.json()}));
                 }
                 Out { objects, end }
             }
@@ -624,12 +632,6 @@ impl CompletionRequest {
     pub fn parse(body: &Map<String, Value>) -> std::result::Result<Self, ApiError> {
         // OpenAI's default for this route is 16 tokens.
         let c = common(body, 16)?;
-        if c.n > 1 {
-            return Err(ApiError::field(
-                "n",
-                "/v1/completions returns one choice per request; /v1/chat/completions takes n > 1",
-            ));
-        }
         let f = Fields::top(body);
         if f.bool("echo")?.unwrap_or(false) {
             return Err(ApiError::field(
@@ -682,7 +684,8 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
         render_special: false,
         ignore_eos: c.ignore_eos,
     };
-    let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
+    let n = c.n;
+    let rx = submit_n(&model, &s, g, n).await?;
     let id = new_id("cmpl");
     let created = unix_now();
     let name = c.name.clone();
@@ -691,13 +694,15 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
     // A whole (non-streamed) answer always carries its usage.
     let include_usage = c.include_usage || !c.stream;
     let mut first = true;
-    let convert = move |_: &mut (), ev: Option<Event>| -> Out {
-        let chunk = |text: &str, finish: Value, lp: Value| {
+    let mut finished = 0usize;
+    let mut total = Usage::default();
+    let convert = move |_: &mut (), ev: Option<(usize, Event)>| -> Out {
+        let chunk = |i: usize, text: &str, finish: Value, lp: Value| {
             json!({"id": id, "object": "text_completion", "created": created, "model": name,
-                   "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]})
+                   "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
         };
         match ev {
-            Some(Event::Token(p)) => {
+            Some((i, Event::Token(p))) => {
                 if first {
                     first = false;
                     st.metrics.first_token(start.elapsed());
@@ -726,23 +731,27 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
                     };
                 }
                 Out {
-                    objects: vec![chunk(&p.text, Value::Null, lp)],
+                    objects: vec![chunk(i, &p.text, Value::Null, lp)],
                     end: false,
                 }
             }
-            Some(Event::Done(sum)) => {
+            Some((i, Event::Done(sum))) => {
                 st.metrics.finished(start.elapsed());
+                finished += 1;
                 let mut objects = vec![chunk(
+                    i,
                     &sum.tail,
                     finish_reason(&sum, false).into(),
                     Value::Null,
                 )];
-                if include_usage {
-                    objects.push(json!({"id": id, "object": "text_completion", "created": created, "model": name, "choices": [], "usage": usage(&sum)}));
+                total.add(&sum);
+                let end = finished == n;
+                if end && include_usage {
+                    objects.push(json!({"id": id, "object": "text_completion", "created": created, "model": name, "choices": [], "usage": total.json()}));
                 }
-                Out { objects, end: true }
+                Out { objects, end }
             }
-            Some(Event::Failed(why)) => {
+            Some((_, Event::Failed(why))) => {
                 st.metrics.failed();
                 stream::failed(Some(why), true)
             }
@@ -752,72 +761,53 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
     if c.stream {
         return Ok(stream::respond(Framing::Sse, rx, (), convert));
     }
-    // Non-streamed: usage is always reported.
-    let mut with_usage = convert;
-    let chunks = {
-        let (tx2, mut rx2) = (0, rx);
-        let _ = tx2;
-        let mut chunks = Vec::new();
-        let mut got_usage = None;
-        loop {
-            let ev = rx2.recv().await;
-            let closed = ev.is_none();
-            let sum = match &ev {
-                Some(Event::Done(s)) => Some(usage(s)),
-                _ => None,
-            };
-            let out = with_usage(&mut (), ev);
-            for o in out.objects {
-                if let Some(e) = o.get("error") {
-                    return Err(
-                        ApiError::internal(e["message"].as_str().unwrap_or("failed")).into(),
-                    );
-                }
-                chunks.push(o);
-            }
-            if sum.is_some() {
-                got_usage = sum;
-            }
-            if out.end || closed {
-                break;
-            }
-        }
-        (chunks, got_usage)
-    };
-    let (chunks, usage_v) = chunks;
-    let mut text = String::new();
-    let (mut tokens, mut token_lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
-    let mut finish = Value::Null;
+    let chunks = collect(rx, convert).await?;
+    #[derive(Default)]
+    struct Folded {
+        text: String,
+        tokens: Vec<Value>,
+        token_lps: Vec<Value>,
+        tops: Vec<Value>,
+        finish: Value,
+    }
+    let mut folded: Vec<Folded> = (0..n).map(|_| Folded::default()).collect();
+    let mut usage_v = Value::Null;
     for ch in &chunks {
+        if let Some(u) = ch.get("usage") {
+            usage_v = u.clone();
+        }
         let Some(choice) = ch["choices"].get(0) else {
             continue;
         };
-        text += choice["text"].as_str().unwrap_or("");
+        let f = &mut folded[choice["index"].as_u64().unwrap_or(0) as usize];
+        f.text += choice["text"].as_str().unwrap_or("");
         if let Some(lp) = choice["logprobs"].as_object() {
-            tokens.extend(lp["tokens"].as_array().into_iter().flatten().cloned());
-            token_lps.extend(
-                lp["token_logprobs"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .cloned(),
-            );
-            tops.extend(lp["top_logprobs"].as_array().into_iter().flatten().cloned());
+            let list = |k: &str| lp[k].as_array().into_iter().flatten().cloned();
+            f.tokens.extend(list("tokens"));
+            f.token_lps.extend(list("token_logprobs"));
+            f.tops.extend(list("top_logprobs"));
         }
         if !choice["finish_reason"].is_null() {
-            finish = choice["finish_reason"].clone();
+            f.finish = choice["finish_reason"].clone();
         }
     }
-    let lp = if logprobs.is_some() {
-        json!({"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops})
-    } else {
-        Value::Null
-    };
+    let out: Vec<Value> = folded
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let lp = if logprobs.is_some() {
+                json!({"tokens": f.tokens, "token_logprobs": f.token_lps, "top_logprobs": f.tops})
+            } else {
+                Value::Null
+            };
+            json!({"index": i, "text": f.text, "logprobs": lp, "finish_reason": f.finish})
+        })
+        .collect();
     let first = &chunks[0];
     Ok(axum::Json(json!({
         "id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
-        "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}],
-        "usage": usage_v.unwrap_or(Value::Null),
+        "choices": out,
+        "usage": usage_v,
     }))
     .into_response())
 }

@@ -682,7 +682,7 @@ impl<'m, 't> Engine<'m, 't> {
                     .filter_map(|s| Some((held(s.seq)?, s.seq, None))),
             )
             .collect();
-        candidates.sort_by(|a, b| b.0.cmp(&a.0));
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
         for (n, parent, idle) in candidates {
             let Ok(seq) = self.ctx.kv_mut().fork(parent) else {
                 continue;

@@ -278,7 +278,11 @@ def openai_checks():
     for i in range(3):
         text = "".join(k.choices[0].delta.content or "" for k in chunks if k.choices and k.choices[0].index == i)
         assert text == sampled.choices[i].message.content, (i, text)
-    ok("n choices: seeds seed..seed+n-1, each equal to its request alone, streamed and not")
+    two = c.completions.create(model=MODEL, prompt="The capital of France is", temperature=1.0, seed=9, max_tokens=8, n=2)
+    for i, ch in enumerate(two.choices):
+        one = c.completions.create(model=MODEL, prompt="The capital of France is", temperature=1.0, seed=9 + i, max_tokens=8)
+        assert ch.index == i and ch.text == one.choices[0].text, (i, ch.text, one.choices[0].text)
+    ok("n choices: seeds seed..seed+n-1, each equal to its request alone, streamed and not (chat and completions)")
     try:
         c.completions.create(model=MODEL, prompt=[10**9], max_tokens=2)
         raise AssertionError("a token id outside the vocabulary was accepted")
