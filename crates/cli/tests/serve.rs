@@ -334,6 +334,41 @@ fn serve_the_frameworks_work_as_their_readmes_show() {
     );
 }
 
+/// `n` choices share one prefill: the later ones fork the first's prompt while it is
+/// still generating, so every prompt token but the last comes from the cache for them
+/// (with each request prefilling alone, none would).
+#[test]
+fn serve_n_choices_share_the_prompts_prefill() {
+    let Some(g) = gemma() else {
+        return;
+    };
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--chat-template",
+        "gemma",
+    ]);
+    let text = "The history of the harbour, told slowly and in detail. ".repeat(12);
+    let (st, v) = s.post(
+        "/v1/chat/completions",
+        &json!({"model": "gemma", "messages": [{"role": "user", "content": text}],
+                "temperature": 0.9, "seed": 1, "max_tokens": 16, "n": 4}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 4, "{v}");
+    let prompt = v["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(prompt > 100.0, "{v}");
+    assert_eq!(s.gauge("llamay_prompt_tokens_total"), 4.0 * prompt);
+    let cached = s.gauge("llamay_prompt_tokens_cached_total");
+    assert_eq!(
+        cached,
+        3.0 * (prompt - 1.0),
+        "the 3 later choices forked all but the last prompt token"
+    );
+}
+
 /// Pooled embeddings against llama.cpp's (llama-server --embeddings --pooling mean, f32
 /// cache, exact attention; scripts/gen-embed-expected). llama.cpp's own default run
 /// (flash attention, which rounds to f16) is 0.998-0.9999 in cosine from that exact
