@@ -341,6 +341,23 @@ fn version_reports_vulkan_with_and_without_a_loader() {
     );
     let j: Json = serde_json::from_slice(&llamay(&["version", "--json"]).stdout).unwrap();
     assert_eq!(j["gpu_backends"]["compiled"][0], "vulkan");
+    // The whole target triple, its byte order, the kernel sets built in and the one used.
+    let target = j["target"].as_str().unwrap();
+    assert!(
+        target.starts_with(std::env::consts::ARCH) && target.matches('-').count() >= 2,
+        "{target}"
+    );
+    let endian = if cfg!(target_endian = "big") {
+        "big"
+    } else {
+        "little"
+    };
+    assert_eq!(j["endianness"], endian);
+    let sets = j["kernel_sets_compiled"].as_array().unwrap();
+    assert!(
+        sets.contains(&Json::from("portable")) && sets.contains(&j["kernels"]),
+        "{j}"
+    );
     // Under the test command lavapipe is installed: it must be listed, as a CPU device.
     if std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_some() {
         let devices = j["gpu_backends"]["vulkan"]["devices"]

@@ -126,6 +126,34 @@ pub fn kernel_set() -> &'static str {
     dispatch::active().name()
 }
 
+/// The kernel sets this build carries (the one in use is picked among them at run time,
+/// by the CPU's features and `LLAMAY_CPU` / `LLAMAY_BACKEND`).
+pub fn compiled_kernel_sets() -> &'static [KernelSet] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        &[
+            KernelSet::Portable,
+            KernelSet::Avx2,
+            KernelSet::AvxVnni,
+            KernelSet::Avx512Vnni,
+            KernelSet::Avx512Amx,
+        ]
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        &[
+            KernelSet::Portable,
+            KernelSet::Neon,
+            KernelSet::NeonDotprod,
+            KernelSet::NeonI8mm,
+        ]
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        &[KernelSet::Portable]
+    }
+}
+
 /// Whether `vec_dot`/`matmul` compute on weights of `wty`: the 21 readable weight types
 /// (F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K IQ4_NL IQ4_XS IQ2_XXS IQ2_XS IQ2_S
 /// IQ3_XXS IQ3_S MXFP4). Q8_1 and Q8_K are activation formats, not weights.

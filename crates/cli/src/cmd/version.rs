@@ -76,7 +76,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .map(|t| t.name())
         .collect();
     let archs: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name).collect();
-    let target = format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS);
+    // The full target triple, from the build (build.rs).
+    let target = env!("LLAMAY_TARGET");
+    let endian = if cfg!(target_endian = "big") {
+        "big-endian"
+    } else {
+        "little-endian"
+    };
+    let compiled: Vec<&str> = llamay_kernels::compiled_kernel_sets()
+        .iter()
+        .map(|k| k.name())
+        .collect();
     let features = cpu_features();
     let kernels = llamay_kernels::kernel_set();
     // The loader is opened here, once (a missing one is a line, not an error).
@@ -86,8 +96,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let doc = json!({
             "version": env!("CARGO_PKG_VERSION"),
             "target": target,
+            "endianness": endian.trim_end_matches("-endian"),
             "cpu_features": features,
             "kernels": kernels,
+            "kernel_sets_compiled": compiled,
             "gpu_backends": {
                 "compiled": ["vulkan"],
                 "vulkan": match &vulkan {
@@ -106,9 +118,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         writeln!(w)?;
     } else {
         writeln!(w, "llamay {}", env!("CARGO_PKG_VERSION"))?;
-        writeln!(w, "target:          {target}")?;
+        writeln!(w, "target:          {target} ({endian})")?;
         writeln!(w, "cpu features:    {}", features.join(" "))?;
-        writeln!(w, "kernels:         {kernels}")?;
+        writeln!(
+            w,
+            "kernels:         {kernels} (compiled in: {})",
+            compiled.join(" ")
+        )?;
         writeln!(w, "gpu backends:    vulkan (loader opened at run time)")?;
         match &vulkan {
             Ok(devices) if devices.is_empty() => writeln!(w, "vulkan:          no device")?,
