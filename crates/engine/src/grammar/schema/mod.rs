@@ -292,18 +292,7 @@ impl<'s> Compiler<'s> {
         if let Some(name) = self.refs.get(r) {
             return Ok(name.clone());
         }
-        let path = r.strip_prefix("#/").ok_or_else(|| {
-            err(format!(
-                "`$ref` \"{r}\": only references within the document (#/$defs/NAME) are supported"
-            ))
-        })?;
-        let mut target = self.root;
-        for part in path.split('/') {
-            let part = part.replace("~1", "/").replace("~0", "~");
-            target = target
-                .get(&part)
-                .ok_or_else(|| err(format!("`$ref` \"{r}\" points nowhere")))?;
-        }
+        let target = self.target(r)?;
         // Name the rule first, so a recursive schema refers to it.
         let name = format!("{}-ref-{}", self.top, self.rules.len());
         self.rules.push((name.clone(), String::new()));
@@ -487,21 +476,26 @@ impl<'s> Compiler<'s> {
             let Some(r) = s.get("$ref").and_then(Value::as_str) else {
                 return Ok(s);
             };
-            let path = r.strip_prefix("#/").ok_or_else(|| {
-                err(format!(
-                    "`$ref` \"{r}\": only references within the document (#/$defs/NAME) are supported"
-                ))
-            })?;
-            let mut target = self.root;
-            for part in path.split('/') {
-                let part = part.replace("~1", "/").replace("~0", "~");
-                target = target
-                    .get(&part)
-                    .ok_or_else(|| err(format!("`$ref` \"{r}\" points nowhere")))?;
-            }
-            s = target;
+            s = self.target(r)?;
         }
         Err(err(format!("`$ref`s chained deeper than {MAX_DEPTH}")))
+    }
+
+    /// What a `$ref` within the document points at.
+    fn target(&self, r: &str) -> Result<&'s Value, GrammarError> {
+        let path = r.strip_prefix("#/").ok_or_else(|| {
+            err(format!(
+                "`$ref` \"{r}\": only references within the document (#/$defs/NAME) are supported"
+            ))
+        })?;
+        let mut target = self.root;
+        for part in path.split('/') {
+            let part = part.replace("~1", "/").replace("~0", "~");
+            target = target
+                .get(&part)
+                .ok_or_else(|| err(format!("`$ref` \"{r}\" points nowhere")))?;
+        }
+        Ok(target)
     }
 
     /// `allOf`: one schema (with annotations beside it) is that schema; several are
