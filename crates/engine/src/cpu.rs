@@ -323,7 +323,8 @@ impl Backend for Cpu<'_, '_> {
     }
 
     fn softcap(&mut self, x: &mut Vec<f32>, c: f32) {
-        x.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
+        x.iter_mut()
+            .for_each(|v| *v = llamay_kernels::math::tanh(*v / c) * c);
     }
 
     fn read(&mut self, x: &mut Vec<f32>) -> Vec<f32> {

@@ -104,7 +104,8 @@ impl Context<'_> {
         let mut y = Vec::new();
         if let Some(dense) = &head.dense {
             linear(dense, &x, &mut act, &mut y, &self.pool);
-            y.iter_mut().for_each(|v| *v = v.tanh());
+            y.iter_mut()
+                .for_each(|v| *v = llamay_kernels::math::tanh(*v));
             std::mem::swap(&mut x, &mut y);
         }
         if let Some(out) = &head.out {

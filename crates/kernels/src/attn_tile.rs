@@ -318,7 +318,7 @@ pub fn softmax_row(
     for v in &mut s[a..b] {
         *v *= scale;
         if let Some(c) = softcap {
-            *v = (*v / c).tanh() * c;
+            *v = crate::math::tanh(*v / c) * c;
         }
         mt = mt.max(*v);
     }

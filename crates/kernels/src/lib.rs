@@ -16,6 +16,7 @@ use llamay_formats::GgmlType;
 mod aarch64;
 pub mod attn_tile;
 mod dispatch;
+pub mod math;
 mod packed;
 mod pool;
 mod portable;
