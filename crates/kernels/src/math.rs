@@ -12,9 +12,12 @@
 /// `tanh(x)`, rounded to f32 (within half an ulp but for near-ties; see the module).
 pub fn tanh(x: f32) -> f32 {
     let a = f64::from(x).abs();
-    if !(a < 10.0) {
-        // NaN stays NaN; from 9.02 on, tanh rounds to ±1 in f32.
-        return if x.is_nan() { x } else { 1f32.copysign(x) };
+    if x.is_nan() {
+        return x;
+    }
+    if a >= 10.0 {
+        // From 9.02 on, tanh rounds to ±1 in f32.
+        return 1f32.copysign(x);
     }
     let e = expm1(2.0 * a);
     ((e / (e + 2.0)) as f32).copysign(x)
@@ -33,7 +36,7 @@ fn expm1(y: f64) -> f64 {
         return sum;
     }
     // e^y = 2^k e^r with |r| <= ln2/2; ln 2 split so that k·LN2_HI is exact.
-    const LN2_HI: f64 = 6.931_471_803_691_238_2e-1;
+    const LN2_HI: f64 = 6.931_471_803_691_238e-1;
     const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     let k = (y / std::f64::consts::LN_2).round();
     let r = (y - k * LN2_HI) - k * LN2_LO;
