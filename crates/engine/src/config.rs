@@ -196,6 +196,17 @@ impl MoeConfig {
     }
 }
 
+/// A count from the file as `usize`, refused by name where it does not fit (a 32-bit
+/// build).
+fn to_usize(key: &str, v: u64) -> Result<usize, LoadError> {
+    usize::try_from(v).map_err(|_| {
+        LoadError::Unsupported(format!(
+            "metadata key '{key}' is {v}, beyond what this {}-bit build addresses",
+            usize::BITS
+        ))
+    })
+}
+
 fn md_err(e: llamay_gguf::MetadataTypeError) -> LoadError {
     LoadError::Metadata(e.to_string())
 }
@@ -219,14 +230,16 @@ impl Keys<'_, '_> {
                 let vals: Vec<u64> = a.iter().filter_map(|v| v.as_u64()).collect();
                 match vals.first() {
                     Some(&first) if vals.len() == a.len() && vals.iter().all(|&v| v == first) => {
-                        Ok(Some(first as usize))
+                        to_usize(&key, first).map(Some)
                     }
                     _ => Err(LoadError::Unsupported(format!(
                         "metadata key '{key}' varies per layer; this build runs models whose layers are uniform"
                     ))),
                 }
             }
-            _ => Ok(self.md.get_u64(&key).map_err(md_err)?.map(|v| v as usize)),
+            _ => (self.md.get_u64(&key).map_err(md_err)?)
+                .map(|v| to_usize(&key, v))
+                .transpose(),
         }
     }
 

@@ -72,6 +72,11 @@ pub enum ErrorKind {
     TensorType(#[from] TypeIdError),
     #[error("byte size of {ty} tensor with shape {shape:?} overflows")]
     SizeOverflow { ty: &'static str, shape: Vec<u64> },
+    #[error(
+        "is {:.1} GB ({elements} elements); this {}-bit build addresses at most {:.1} GB and {} elements in one tensor",
+        *bytes as f64 / 1e9, usize::BITS, crate::limits::MAX_MAPPED as f64 / 1e9, usize::MAX
+    )]
+    BeyondAddressSpace { bytes: u64, elements: u64 },
     #[error("data offset {offset} is not a multiple of the alignment {alignment}")]
     MisalignedOffset { offset: u64, alignment: u64 },
     #[error(
@@ -104,6 +109,14 @@ pub enum OpenError {
     Empty { path: PathBuf },
     #[error("{path}: malformed GGUF: {source}")]
     Malformed { path: PathBuf, source: GgufError },
+    #[error(
+        "{path}: the file is {:.1} GB; this {}-bit build maps at most {:.1} GB (each of its tensors fits, the whole does not)",
+        *len as f64 / 1e9, usize::BITS, crate::limits::MAX_MAPPED as f64 / 1e9
+    )]
+    BeyondAddressSpace { path: PathBuf, len: u64 },
+    /// A tensor this target cannot address (the file is well formed).
+    #[error("{path}: {source}")]
+    TensorBeyondAddressSpace { path: PathBuf, source: GgufError },
     #[error("{path}: split model: {message}")]
     Split { path: PathBuf, message: String },
 }

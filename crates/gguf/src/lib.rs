@@ -9,14 +9,11 @@
 //! - this crate does not interpret model metadata (that is the loader's job); it only
 //!   enforces the container's own rules (alignment, split sets).
 
-// Sizes in a GGUF file are u64; the loaders (here, the tokenizer, the engine) convert
-// counts, lengths and offsets to usize after checking them against the bytes of a
-// mapping, which on a 64-bit target holds every such value. A 32-bit target would need
-// each of those conversions checked again: refused at build time instead (README).
-#[cfg(not(target_pointer_width = "64"))]
-compile_error!(
-    "llamay builds for 64-bit targets only: GGUF sizes are u64 and the loaders convert them to usize"
-);
+// Sizes in a GGUF file are u64. The reader refuses, by name, a tensor whose bytes,
+// element count or any dimension does not fit this target's `usize` (and `open` a
+// file larger than one mapping can be), so on every target, 32-bit included, the
+// loaders may convert a parsed tensor's sizes with `as usize`. Metadata counts are
+// converted with checks where they are read (the engine's config, the tokenizer).
 
 mod error;
 mod file;

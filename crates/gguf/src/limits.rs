@@ -21,3 +21,6 @@ pub const MAX_ALIGNMENT: u64 = 1 << 20;
 pub const MAX_DIMS: u32 = 4;
 /// Default alignment when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Bytes in one mapping or one tensor: a Rust slice holds at most `isize::MAX` bytes
+/// (2 GiB on a 32-bit target; beyond any file on a 64-bit one).
+pub const MAX_MAPPED: u64 = isize::MAX as u64;

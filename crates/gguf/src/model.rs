@@ -45,11 +45,60 @@ fn map_file(path: &Path) -> Result<Mmap, OpenError> {
             path: path.to_path_buf(),
         });
     }
+    if meta.len() > crate::limits::MAX_MAPPED {
+        return Err(beyond_address_space(path, file, meta.len()));
+    }
     // SAFETY: the mapping is read-only and private to this process. The one hazard is
     // another process truncating or rewriting the file while it is mapped (SIGBUS or
     // changed bytes), which no file-backed engine can rule out; llama.cpp and Ollama
     // accept the same. Every read of the mapping goes through bounds-checked slices.
     unsafe { Mmap::map(&file) }.map_err(io)
+}
+
+/// Why a file larger than this target can map is refused: the first tensor too large
+/// for the address space, by name, when the header (read, not mapped) has one; else
+/// the file's own size. Only reachable on a 32-bit target.
+fn beyond_address_space(path: &Path, file: File, len: u64) -> OpenError {
+    use crate::error::ErrorKind;
+    use std::io::Read;
+    const MAX_HEADER: u64 = 256 << 20;
+    let mut want: u64 = 1 << 20;
+    let mut prefix = Vec::new();
+    loop {
+        prefix.clear();
+        let read = (&file).take(want).read_to_end(&mut prefix);
+        if let Err(source) = read.and_then(|_| std::io::Seek::rewind(&mut &file)) {
+            return OpenError::Io {
+                path: path.to_path_buf(),
+                source,
+            };
+        }
+        match GgufFile::parse_header(&prefix, len) {
+            Ok(_) => {
+                return OpenError::BeyondAddressSpace {
+                    path: path.to_path_buf(),
+                    len,
+                };
+            }
+            Err(e) => match e.kind {
+                ErrorKind::Truncated { need, .. } if want < MAX_HEADER => {
+                    want = e.offset.saturating_add(need).max(want * 2).min(MAX_HEADER);
+                }
+                ErrorKind::BeyondAddressSpace { .. } => {
+                    return OpenError::TensorBeyondAddressSpace {
+                        path: path.to_path_buf(),
+                        source: e,
+                    };
+                }
+                _ => {
+                    return OpenError::Malformed {
+                        path: path.to_path_buf(),
+                        source: e,
+                    };
+                }
+            },
+        }
+    }
 }
 
 /// `name-00001-of-00003.gguf` → ("name", 1, 3).

@@ -364,6 +364,19 @@ pub(crate) fn parse(buf: &[u8], declared_len: Option<u64>) -> Result<GgufFile<'_
                 },
             )
         })?;
+        // Every later `as usize` of a tensor's sizes and dimensions relies on this (it
+        // can only fail on a 32-bit target).
+        let fits = |v: u64| usize::try_from(v).is_ok();
+        if n_bytes > MAX_MAPPED || !fits(n_elements) || !shape.iter().all(|&d| fits(d)) {
+            return Err(c.err(
+                dims_at,
+                ctx(),
+                ErrorKind::BeyondAddressSpace {
+                    bytes: n_bytes,
+                    elements: n_elements,
+                },
+            ));
+        }
         let offset_at = c.pos;
         let offset = c.u64("data offset", &ctx)?;
         if offset % alignment != 0 {

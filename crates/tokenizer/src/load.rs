@@ -292,7 +292,7 @@ pub(crate) fn load(md: &Metadata<'_>) -> Result<Tokenizer, TokenizerError> {
 
     // ---- special ids: defaults out of range are disabled (as llama.cpp does);
     // ids read from the file must be in range.
-    let in_range = |v: Option<i64>| v.filter(|&x| x >= 0 && (x as usize) < n);
+    let in_range = |v: Option<i64>| v.filter(|&x| usize::try_from(x).is_ok_and(|x| x < n));
     let mut sp = [
         ("tokenizer.ggml.bos_token_id", in_range(bos)),
         ("tokenizer.ggml.eos_token_id", in_range(eos)),
