@@ -74,6 +74,25 @@ impl DeviceArg {
     }
 
     /// The Vulkan device index the choice comes to, or `None` for the CPU.
+    #[cfg(target_family = "wasm")]
+    pub fn resolve(&self) -> anyhow::Result<Option<usize>> {
+        match self.choice()? {
+            Choice::Cpu => Ok(None),
+            Choice::Auto => {
+                eprintln!("device: cpu (a wasm32 build has no GPU backend)");
+                Ok(None)
+            }
+            Choice::Vulkan(_) => Err(crate::left_out::refuse(
+                "--device vulkan",
+                "GPU backend",
+                "WASI preview 1 has no dynamic loading",
+                "it runs on the CPU: leave --device out",
+            )),
+        }
+    }
+
+    /// The Vulkan device index the choice comes to, or `None` for the CPU.
+    #[cfg(not(target_family = "wasm"))]
     pub fn resolve(&self) -> anyhow::Result<Option<usize>> {
         let choice = self.choice()?;
         let index = match choice {
@@ -122,7 +141,19 @@ impl DeviceArg {
     }
 }
 
+/// Opens Vulkan device `index`: refused in a wasm32 build.
+#[cfg(target_family = "wasm")]
+pub fn open_vulkan(index: usize) -> anyhow::Result<Box<dyn Device>> {
+    Err(crate::left_out::refuse(
+        &format!("--device vulkan:{index}"),
+        "GPU backend",
+        "WASI preview 1 has no dynamic loading",
+        "it runs on the CPU: leave --device out",
+    ))
+}
+
 /// Opens Vulkan device `index`.
+#[cfg(not(target_family = "wasm"))]
 pub fn open_vulkan(index: usize) -> anyhow::Result<Box<dyn Device>> {
     let dev = llamay_vulkan::VulkanDevice::open(index)
         .with_context(|| format!("--device vulkan:{index}"))?;

@@ -6,6 +6,7 @@ mod cmd;
 mod constrain;
 mod device;
 mod generate;
+mod left_out;
 mod logits_file;
 mod out;
 mod runnable;

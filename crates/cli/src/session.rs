@@ -13,7 +13,14 @@ pub fn threads(flag: Option<usize>) -> anyhow::Result<Threads> {
     match flag {
         Some(0) => bail!("-t 0: at least one thread is needed"),
         Some(n) if n > 1024 => bail!("-t {n}: at most 1024 threads"),
+        Some(n) if n > 1 && cfg!(target_family = "wasm") => Err(crate::left_out::refuse(
+            &format!("-t {n}"),
+            "threads",
+            "WASI preview 1 cannot start one",
+            "it runs one: leave -t out",
+        )),
         Some(n) => Ok(Threads(n)),
+        None if cfg!(target_family = "wasm") => Ok(Threads(1)),
         None => Ok(Threads(physical_cores())),
     }
 }

@@ -149,7 +149,7 @@ impl RopeParams {
             } else {
                 interp
             };
-            let (sin, cos) = angle.sin_cos();
+            let (sin, cos) = llamay_kernels::math::sin_cos(angle);
             out.push((cos * mscale, sin * mscale));
             theta *= theta_scale;
         }

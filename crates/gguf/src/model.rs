@@ -17,7 +17,51 @@ const MAX_SPLITS: u64 = 9999;
 
 /// The memory-mapped files of one model: one file, or every shard of a split model.
 pub struct MappedModel {
-    shards: Vec<(PathBuf, Mmap)>,
+    shards: Vec<(PathBuf, FileBytes)>,
+}
+
+/// A file's bytes: mapped, or (where the target has no `mmap`: WASI preview 1) read
+/// into memory aligned to 64 bytes, as a mapping would be to a page.
+enum FileBytes {
+    #[cfg_attr(target_family = "wasm", allow(dead_code))]
+    Mapped(Mmap),
+    #[cfg_attr(not(target_family = "wasm"), allow(dead_code))]
+    Read { lines: Vec<Line>, len: usize },
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Mapped(m) => m,
+            // SAFETY: `lines` holds `len` initialised bytes (`len <= 64 * lines.len()`,
+            // set by `read_whole`); `Line` is plain bytes with no padding.
+            FileBytes::Read { lines, len } => unsafe {
+                std::slice::from_raw_parts(lines.as_ptr().cast::<u8>(), *len)
+            },
+        }
+    }
+}
+
+/// The whole file in memory (targets without `mmap`).
+#[cfg_attr(not(target_family = "wasm"), allow(dead_code))]
+fn read_whole(mut file: &File, len: u64) -> std::io::Result<FileBytes> {
+    use std::io::Read;
+    // `len <= MAX_MAPPED` (checked by the caller), so it fits usize.
+    let len = len as usize;
+    let mut lines = vec![Line([0; 64]); len.div_ceil(64)];
+    // SAFETY: as in `Deref`: the lines are initialised bytes, `len` of them in range.
+    let buf = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) };
+    // In pieces: one read of hundreds of megabytes fails under some WASI runtimes
+    // (Wasmtime: ENOMEM).
+    for piece in buf.chunks_mut(8 << 20) {
+        file.read_exact(piece)?;
+    }
+    Ok(FileBytes::Read { lines, len })
 }
 
 /// A parsed model: metadata from the first shard, tensors from all of them.
@@ -28,7 +72,7 @@ pub struct Model<'a> {
     index: HashMap<&'a str, (usize, usize)>,
 }
 
-fn map_file(path: &Path) -> Result<Mmap, OpenError> {
+fn map_file(path: &Path) -> Result<FileBytes, OpenError> {
     let io = |source| OpenError::Io {
         path: path.to_path_buf(),
         source,
@@ -48,11 +92,16 @@ fn map_file(path: &Path) -> Result<Mmap, OpenError> {
     if meta.len() > crate::limits::MAX_MAPPED {
         return Err(beyond_address_space(path, file, meta.len()));
     }
+    #[cfg(target_family = "wasm")]
+    return read_whole(&file, meta.len()).map_err(io);
     // SAFETY: the mapping is read-only and private to this process. The one hazard is
     // another process truncating or rewriting the file while it is mapped (SIGBUS or
     // changed bytes), which no file-backed engine can rule out; llama.cpp and Ollama
     // accept the same. Every read of the mapping goes through bounds-checked slices.
-    unsafe { Mmap::map(&file) }.map_err(io)
+    #[cfg(not(target_family = "wasm"))]
+    unsafe { Mmap::map(&file) }
+        .map(FileBytes::Mapped)
+        .map_err(io)
 }
 
 /// Why a file larger than this target can map is refused: the first tensor too large
@@ -186,7 +235,10 @@ impl MappedModel {
         {
             let page = 4096usize;
             let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
-            for (_, map) in &self.shards {
+            for (_, bytes) in &self.shards {
+                let FileBytes::Mapped(map) = bytes else {
+                    continue;
+                };
                 let base = map.as_ptr() as usize;
                 if start < base || end > base + map.len() {
                     continue;

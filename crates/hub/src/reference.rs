@@ -126,7 +126,12 @@ impl Reference {
                 "only https:// (or http:// with --insecure) URLs are fetched".into(),
             ));
         }
-        if let Some(rest) = s.strip_prefix("hf:") {
+        // The scheme ignores case, as URL schemes do: "hF:7/r/s" is not registry host
+        // "hF" port 7, whose canonical (lower-cased) form would then read as hf:.
+        let hf_file = (s.get(..3))
+            .filter(|p| p.eq_ignore_ascii_case("hf:"))
+            .map(|_| &s[3..]);
+        if let Some(rest) = hf_file {
             let (path, revision) = match rest.split_once('@') {
                 Some((p, r)) => (p, Some(r)),
                 None => (rest, None),
@@ -352,6 +357,15 @@ mod tests {
             }
         );
         assert_eq!(
+            p("HF:o/r/m.gguf"),
+            Reference::HfFile {
+                owner: "o".into(),
+                repo: "r".into(),
+                file: "m.gguf".into(),
+                revision: None
+            }
+        );
+        assert_eq!(
             p("https://example.com/m.gguf"),
             Reference::Url("https://example.com/m.gguf".into())
         );
@@ -391,6 +405,8 @@ mod tests {
             ("hf:o/r", "owner/repo/file.gguf"),
             ("hf:o/r/../x.gguf", "'..'"),
             ("hf:o/r/x.gguf@", "revision"),
+            // The fuzzer's find: once registry host "hF" port 7, canonically "hf:7/…".
+            ("hF:7/r/s", "not a .gguf"),
             ("a/b/c/d", "too many '/'"),
             ("a//b", "empty part"),
             ("", "empty"),

@@ -1,13 +1,15 @@
 //! Transcendental functions with the same bits on every target.
 //!
-//! `f32::tanh` is the C library's `tanhf`, and its last bit depends on the target:
-//! glibc builds it with fused multiply-adds where the CPU has them (s390x, ppc64le,
-//! aarch64) and without on x86-64, so Gemma 2's soft-capped logits differed between
-//! an s390x and an x86-64 portable run (measured: the 6 gemma2 fixtures, all others
-//! equal). Here the work is done in f64 with only `+ - * /`, which Rust never fuses,
-//! then rounded once to f32: the result is the correctly rounded tanh except where the
-//! exact value lies within about 1e-16 of a rounding boundary, and it is the same on
-//! every target.
+//! `f32::tanh` and `f32::sin_cos` are the C library's, and their last bit depends on
+//! the target: glibc builds `tanhf` with fused multiply-adds where the CPU has them
+//! (s390x, aarch64) and without on x86-64, and wasm32-wasip1's libc (musl's code) has
+//! another `sinf`/`cosf` than glibc. Measured through the portable kernels: Gemma 2's
+//! soft-capped logits differed between s390x and x86-64 (6 fixtures), and every
+//! rope architecture's between wasm32 and x86-64 (40 fixtures). Here the work is done
+//! in f64 with only `+ - * /`, which Rust never fuses, then rounded once to f32: the
+//! correctly rounded value except where the exact one lies within about 1e-16 of a
+//! rounding boundary, and the same on every target. (`expf`, `powf` and `logf` are
+//! one implementation in glibc and musl, and agreed on every fixture.)
 
 /// `tanh(x)`, rounded to f32 (within half an ulp but for near-ties; see the module).
 pub fn tanh(x: f32) -> f32 {
@@ -21,6 +23,44 @@ pub fn tanh(x: f32) -> f32 {
     }
     let e = expm1(2.0 * a);
     ((e / (e + 2.0)) as f32).copysign(x)
+}
+
+/// `(sin x, cos x)`, each rounded to f32 (within half an ulp but for near-ties, for
+/// |x| < 2^27·π/2; beyond, where an f32 angle is a multiple of 16 rad, less accurate
+/// but still the same on every target).
+pub fn sin_cos(x: f32) -> (f32, f32) {
+    if !x.is_finite() {
+        return (f32::NAN, f32::NAN);
+    }
+    // π/2 in four pieces: the first three of 26 bits, so that k times each is exact
+    // for |k| < 2^27, and the remainder.
+    const PIO2: [f64; 4] = [
+        1.570_796_340_703_964_2,
+        -1.390_906_767_539_945_6e-8,
+        6.123_233_932_053_594e-17,
+        6.368_317_163_510_95e-25,
+    ];
+    let x = f64::from(x);
+    let k = (x * std::f64::consts::FRAC_2_PI).round();
+    let r = PIO2.iter().fold(x, |r, p| r - k * p);
+    // Taylor series on |r| <= π/4: the terms after r^21/21! are below 2^-70.
+    let r2 = r * r;
+    let (mut s, mut c) = (r, 1.0);
+    let (mut ts, mut tc) = (r, 1.0);
+    for n in 1..=10 {
+        let n = f64::from(n);
+        ts = -ts * r2 / ((2.0 * n) * (2.0 * n + 1.0));
+        tc = -tc * r2 / ((2.0 * n - 1.0) * (2.0 * n));
+        s += ts;
+        c += tc;
+    }
+    let (s, c) = (s as f32, c as f32);
+    match (k as i64).rem_euclid(4) {
+        0 => (s, c),
+        1 => (c, -s),
+        2 => (-s, -c),
+        _ => (-c, s),
+    }
 }
 
 /// `e^y - 1` for `0 <= y <= 20`, relative error a few f64 ulps.
@@ -72,5 +112,30 @@ mod tests {
         assert_eq!(tanh(f32::INFINITY), 1.0);
         assert_eq!(tanh(-50.0), -1.0);
         assert_eq!(tanh(9.5), 1.0);
+    }
+
+    #[test]
+    fn sin_cos_is_within_an_ulp_of_the_libraries() {
+        let mut worst = 0u32;
+        let ulps = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs();
+        let mut x = -2.0e6f32;
+        while x < 2.0e6 {
+            for x in [x, x * 1e-6, x * 1e-3] {
+                let (s, c) = sin_cos(x);
+                let (ws, wc) = f64::from(x).sin_cos();
+                // Near a zero of sin or cos an ulp is tiny: compare absolutely there.
+                for (ours, want) in [(s, ws), (c, wc)] {
+                    if want.abs() > 1e-3 {
+                        worst = worst.max(ulps(ours, want as f32) as u32);
+                    } else {
+                        assert!((f64::from(ours) - want).abs() < 1e-10, "{x}");
+                    }
+                }
+            }
+            x += 0.37 + x.abs() * 1e-4;
+        }
+        assert!(worst <= 1, "{worst} ulps from f64 sin/cos rounded to f32");
+        assert_eq!(sin_cos(0.0), (0.0, 1.0));
+        assert!(sin_cos(f32::INFINITY).0.is_nan() && sin_cos(f32::NAN).1.is_nan());
     }
 }

@@ -722,6 +722,10 @@ fn prep_block(ty: GgmlType, blk: &[u8], x: &mut [i32]) {
 }
 
 /// Pointers for one tile; see `packed::run_tile`.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) struct Tile {
     /// The group's first byte.
     pub w: *const u8,
@@ -954,6 +958,11 @@ fn one_token_at_256(set: KernelSet, ty: GgmlType) -> bool {
 /// # Safety
 /// `p` was built by `pack_for` (so this CPU runs `p.set`, which has packed kernels);
 /// `a` and `prep` match `p`; `out` has room for `(t+m) * p.rows` values.
+// Only targets with packed kernels use `m` and the tile.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_variables, unused_unsafe)
+)]
 unsafe fn run_tile(
     p: &PackedMatrix,
     prep: &ActPrep,

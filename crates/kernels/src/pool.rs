@@ -73,9 +73,15 @@ thread_local! {
 
 impl ThreadPool {
     /// A pool that runs regions on `n_threads` threads (the caller counts as one;
-    /// 0 is taken as 1). Spawns `n_threads - 1` workers once.
+    /// 0 is taken as 1). Spawns `n_threads - 1` workers once. A wasm32 build has one
+    /// thread whatever is asked (WASI preview 1 cannot start another; the command line
+    /// refuses `-t` above 1 there).
     pub fn new(n_threads: usize) -> Self {
-        let n = n_threads.max(1);
+        let n = if cfg!(target_family = "wasm") {
+            1
+        } else {
+            n_threads.max(1)
+        };
         let shared = Arc::new(Shared {
             epoch: AtomicUsize::new(0),
             job: UnsafeCell::new(None),

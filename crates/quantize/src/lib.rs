@@ -199,21 +199,27 @@ fn convert(t: &TensorInfo<'_>, to: GgmlType, threads: usize) -> Result<Vec<u8>, 
     }
     let threads = threads.clamp(1, n_rows);
     let rows_per = n_rows.div_ceil(threads);
+    let convert_rows = |src: &[u8], dst: &mut [u8]| -> Result<(), FormatError> {
+        let mut row = vec![0f32; row_len];
+        for (r, dst_row) in dst.chunks_mut(out_row).enumerate() {
+            dequantize(t.ty, &src[r * in_row..(r + 1) * in_row], &mut row)?;
+            let q = quantize(to, &row)?;
+            dst_row.copy_from_slice(&q);
+        }
+        Ok(())
+    };
+    if threads == 1 {
+        // No thread to spawn (and none can be on WASI preview 1).
+        convert_rows(t.data, &mut out).map_err(fmt_err)?;
+        return Ok(out);
+    }
     let results: Vec<Result<(), FormatError>> = std::thread::scope(|s| {
         let handles: Vec<_> = out
             .chunks_mut(rows_per * out_row)
             .enumerate()
             .map(|(c, dst)| {
                 let src = &t.data[c * rows_per * in_row..];
-                s.spawn(move || {
-                    let mut row = vec![0f32; row_len];
-                    for (r, dst_row) in dst.chunks_mut(out_row).enumerate() {
-                        dequantize(t.ty, &src[r * in_row..(r + 1) * in_row], &mut row)?;
-                        let q = quantize(to, &row)?;
-                        dst_row.copy_from_slice(&q);
-                    }
-                    Ok(())
-                })
+                s.spawn(move || convert_rows(src, dst))
             })
             .collect();
         handles

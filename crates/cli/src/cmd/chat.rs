@@ -68,6 +68,7 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// Whether an answer is being generated (Ctrl-C at the prompt only prints a hint).
 static GENERATING: AtomicBool = AtomicBool::new(false);
 
+#[cfg(not(target_family = "wasm"))]
 extern "C" fn on_sigint(_: libc::c_int) {
     if GENERATING.load(Ordering::SeqCst) {
         INTERRUPTED.store(true, Ordering::SeqCst);
@@ -78,7 +79,13 @@ extern "C" fn on_sigint(_: libc::c_int) {
     }
 }
 
+/// Ctrl-C becomes a flag instead of the end of the process (WASI has no signals:
+/// there Ctrl-C ends the program, as the runtime decides).
+#[cfg(target_family = "wasm")]
+fn catch_ctrl_c() {}
+
 /// Ctrl-C becomes a flag instead of the end of the process.
+#[cfg(not(target_family = "wasm"))]
 fn catch_ctrl_c() {
     // SAFETY: installs a handler that only touches atomics and calls write(2); the
     // sigaction struct is fully initialised (zeroed, then the fields set).

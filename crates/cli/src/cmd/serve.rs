@@ -1,8 +1,14 @@
 //! `llamay serve` (cli.md): the Ollama and OpenAI HTTP APIs (crates/server).
 
+// A wasm32 build refuses the networked part by name (crate::left_out); what only it
+// uses is unused there.
+#![cfg_attr(target_family = "wasm", allow(dead_code, unused_imports))]
+
 use crate::session;
 use anyhow::bail;
+#[cfg(not(target_family = "wasm"))]
 use llamay_server::ServeConfig;
+#[cfg(not(target_family = "wasm"))]
 use llamay_server::scheduler::EngineConfig;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -138,6 +144,17 @@ fn host_from_env(v: &str) -> anyhow::Result<(String, Option<u16>)> {
     Ok((host, port))
 }
 
+#[cfg(target_family = "wasm")]
+pub fn run(_: &Args) -> anyhow::Result<()> {
+    Err(crate::left_out::refuse(
+        "serve",
+        "HTTP server",
+        "WASI preview 1 cannot listen on a socket",
+        "run `llamay serve` from a native build",
+    ))
+}
+
+#[cfg(not(target_family = "wasm"))]
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().skip(2).collect();
     let models = pair_aliases(&argv)?;

@@ -1,9 +1,18 @@
 //! `llamay pull`, `list`, `rm` (cli.md): the local model store.
 
+// A wasm32 build refuses the networked part by name (crate::left_out); what only it
+// uses is unused there.
+#![cfg_attr(target_family = "wasm", allow(dead_code, unused_imports))]
+
 use anyhow::Context;
+#[cfg(not(target_family = "wasm"))]
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use llamay_hub::{PullOptions, Store};
-use std::io::{IsTerminal, Write};
+#[cfg(not(target_family = "wasm"))]
+use llamay_hub::PullOptions;
+use llamay_hub::Store;
+#[cfg(not(target_family = "wasm"))]
+use std::io::IsTerminal;
+use std::io::Write;
 
 #[derive(clap::Args)]
 pub struct PullArgs {
@@ -40,6 +49,12 @@ fn human(n: u64) -> String {
     format!("{v:.1} {unit}")
 }
 
+#[cfg(target_family = "wasm")]
+pub fn pull(_: &PullArgs) -> anyhow::Result<()> {
+    Err(crate::left_out::network("pull"))
+}
+
+#[cfg(not(target_family = "wasm"))]
 pub fn pull(args: &PullArgs) -> anyhow::Result<()> {
     let store = store()?;
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());

@@ -2,10 +2,14 @@
 //! build runs it — the engine's own verdict — from its header alone, read through
 //! bounded HTTP Range requests (a few MB at most, never the whole file).
 
+// A wasm32 build refuses the networked part by name (crate::left_out); what only it
+// uses is unused there.
+#![cfg_attr(target_family = "wasm", allow(dead_code, unused_imports))]
+
 use crate::runnable;
 use anyhow::Context;
 use llamay_gguf::{GgufFile, MappedModel, Model as Gguf};
-use llamay_hub::{PullOptions, Reference};
+use llamay_hub::Reference;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -56,7 +60,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
     Reference::parse_name(&args.reference)?;
-    let h = llamay_hub::remote_header(&args.reference, &PullOptions::from_env(args.insecure))
+    #[cfg(target_family = "wasm")]
+    return Err(crate::left_out::network("validate of a remote reference"));
+    #[cfg(not(target_family = "wasm"))]
+    remote(args)
+}
+
+#[cfg(not(target_family = "wasm"))]
+fn remote(args: &Args) -> anyhow::Result<()> {
+    let opts = llamay_hub::PullOptions::from_env(args.insecure);
+    let h = llamay_hub::remote_header(&args.reference, &opts)
         .with_context(|| format!("validate {}", args.reference))?;
     let file = GgufFile::parse_header(&h.bytes, h.len).with_context(|| {
         format!(

@@ -15,6 +15,10 @@ pub struct Args {
 }
 
 fn cpu_features() -> Vec<&'static str> {
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_mut)
+    )]
     let mut f = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
@@ -50,6 +54,7 @@ fn cpu_features() -> Vec<&'static str> {
     f
 }
 
+#[cfg(not(target_family = "wasm"))]
 fn device_json(d: &llamay_vulkan::DeviceInfo) -> serde_json::Value {
     json!({
         "index": d.index,
@@ -62,6 +67,49 @@ fn device_json(d: &llamay_vulkan::DeviceInfo) -> serde_json::Value {
         "extensions": d.extensions,
         "unusable": d.unusable,
     })
+}
+
+/// The GPU backends compiled in and what they find: the JSON object and the text lines.
+/// The loader is opened here, once (a missing one is a line, not an error).
+#[cfg(not(target_family = "wasm"))]
+fn gpu_backends() -> (serde_json::Value, Vec<String>) {
+    let vulkan = llamay_vulkan::probe();
+    let mut lines = vec!["gpu backends:    vulkan (loader opened at run time)".to_string()];
+    match &vulkan {
+        Ok(devices) if devices.is_empty() => lines.push("vulkan:          no device".into()),
+        Ok(devices) => {
+            lines.extend(
+                devices
+                    .iter()
+                    .map(|d| format!("vulkan device:   {}", d.describe())),
+            );
+            lines.push(format!(
+                "vulkan kernels:  {} weights",
+                llamay_vulkan::weight_formats()
+            ));
+        }
+        Err(e) => lines.push(format!("vulkan:          {e}")),
+    }
+    let doc = json!({
+        "compiled": ["vulkan"],
+        "vulkan": match &vulkan {
+            Ok(devices) => json!({
+                "devices": devices.iter().map(device_json).collect::<Vec<_>>(),
+                "weight_formats": llamay_vulkan::weight_formats(),
+            }),
+            Err(e) => json!({ "error": e.to_string() }),
+        },
+    });
+    (doc, lines)
+}
+
+#[cfg(target_family = "wasm")]
+fn gpu_backends() -> (serde_json::Value, Vec<String>) {
+    let why = "none in a wasm32 build (WASI preview 1 has no dynamic loading)";
+    (
+        json!({ "compiled": [], "note": why }),
+        vec![format!("gpu backends:    {why}")],
+    )
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -89,8 +137,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .collect();
     let features = cpu_features();
     let kernels = llamay_kernels::kernel_set();
-    // The loader is opened here, once (a missing one is a line, not an error).
-    let vulkan = llamay_vulkan::probe();
+    let (gpu_json, gpu_lines) = gpu_backends();
     let mut w = out::stdout();
     if args.json {
         let doc = json!({
@@ -100,16 +147,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "cpu_features": features,
             "kernels": kernels,
             "kernel_sets_compiled": compiled,
-            "gpu_backends": {
-                "compiled": ["vulkan"],
-                "vulkan": match &vulkan {
-                    Ok(devices) => json!({
-                        "devices": devices.iter().map(device_json).collect::<Vec<_>>(),
-                        "weight_formats": llamay_vulkan::weight_formats(),
-                    }),
-                    Err(e) => json!({ "error": e.to_string() }),
-                },
-            },
+            "gpu_backends": gpu_json,
             "formats_read": read,
             "formats_written": written,
             "architectures": archs,
@@ -125,20 +163,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "kernels:         {kernels} (compiled in: {})",
             compiled.join(" ")
         )?;
-        writeln!(w, "gpu backends:    vulkan (loader opened at run time)")?;
-        match &vulkan {
-            Ok(devices) if devices.is_empty() => writeln!(w, "vulkan:          no device")?,
-            Ok(devices) => {
-                for d in devices {
-                    writeln!(w, "vulkan device:   {}", d.describe())?;
-                }
-                writeln!(
-                    w,
-                    "vulkan kernels:  {} weights",
-                    llamay_vulkan::weight_formats()
-                )?;
-            }
-            Err(e) => writeln!(w, "vulkan:          {e}")?,
+        for line in gpu_lines {
+            writeln!(w, "{line}")?;
         }
         writeln!(w, "formats read:    {} ({})", read.join(" "), read.len())?;
         writeln!(
