@@ -9,7 +9,10 @@
 //! in f64 with only `+ - * /`, which Rust never fuses, then rounded once to f32: the
 //! correctly rounded value except where the exact one lies within about 1e-16 of a
 //! rounding boundary, and the same on every target. (`expf`, `powf` and `logf` are
-//! one implementation in glibc and musl, and agreed on every fixture.)
+//! one implementation in glibc and musl, and agreed on every fixture.) Measured on
+//! x86-64 over 354,510 sin and cos values of angles 0.001..50000: these equal the f64
+//! result rounded to f32 in every case, glibc's `sinf`/`cosf` in all but 3,586 (1%,
+//! one ulp each) — which llama.cpp uses, so rope differs from it there by that ulp.
 
 /// `tanh(x)`, rounded to f32 (within half an ulp but for near-ties; see the module).
 pub fn tanh(x: f32) -> f32 {
