@@ -209,11 +209,13 @@ impl<'a> Model<'a> {
         gguf: &Gguf<'a>,
         read: weights::ReadData,
     ) -> Result<(Config, weights::Weights<'a>), LoadError> {
-        if gguf.big_endian() {
-            return Err(LoadError::Unsupported(
-                "the file is big-endian; llamay runs little-endian files (convert with gguf-py's gguf_convert_endian)"
-                    .into(),
-            ));
+        if let Some(t) = gguf.tensors().find(|t| gguf.big_endian_data(t)) {
+            return Err(LoadError::Unsupported(format!(
+                "tensor '{}' is {} in a big-endian file, a format without a defined big-endian layout (gguf-py's gguf_convert_endian converts {}); convert the file to little-endian",
+                t.name,
+                t.ty,
+                llamay_formats::byte_order::BIG_ENDIAN_FORMATS
+            )));
         }
         if let Some(t) = gguf.tensors().find(|t| !t.ty.is_readable()) {
             return Err(LoadError::Unsupported(format!(

@@ -6,6 +6,11 @@
 //! and ppc64le: a byte-order slip in a block decoder, or a kernel that depends on the
 //! host, shows here as a different hash.
 //!
+//! Big-endian files (item 3 of issue 40): each of the seven formats gguf-py's
+//! `gguf_convert_endian` converts, in a copy of a fixture that script turned
+//! big-endian, gives the little-endian file's bits — on a little- and a big-endian
+//! host alike.
+//!
 //! One test in its own binary, so that forcing `LLAMAY_BACKEND=portable` before the
 //! kernels pick their set affects nothing else.
 
@@ -20,6 +25,51 @@ use std::path::{Path, PathBuf};
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
+}
+
+/// Fixtures whose big-endian copies are checked: every format with a defined
+/// big-endian layout that the fixtures have (BF16: none has it; its swap is F16's).
+const BIG_ENDIAN: &[&str] = &[
+    "llama-F32.gguf",
+    "llama-F16.gguf",
+    "llama-Q8_0.gguf",
+    "llama-Q4_0.gguf",
+    "llama-Q4_K.gguf",
+    "llama-Q6_K.gguf",
+    "gpt-oss-MXFP4_MOE.gguf",
+];
+
+/// The big-endian copy of fixture `name`, made once by gguf-py's own converter (from
+/// the reference tree) beside the fixtures; `None` without the reference tree.
+fn big_endian_copy(name: &str) -> Option<PathBuf> {
+    let out = fixtures_dir().join("big-endian").join(name);
+    if out.exists() {
+        return Some(out);
+    }
+    let tree =
+        llamay_synth::reference::path("LLAMAY_REF_TREE", "LLAMAY_REF_TREE=$(scripts/fetch-ref)")?;
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let tmp = out.with_extension(format!("partial-{}", std::process::id()));
+    std::fs::copy(fixtures_dir().join(name), &tmp).unwrap();
+    let mut child = std::process::Command::new("python3")
+        .arg(tree.join("gguf-py/gguf/scripts/gguf_convert_endian.py"))
+        .args([tmp.as_os_str(), "big".as_ref()])
+        .env("PYTHONPATH", tree.join("gguf-py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (with numpy and tqdm, as scripts/test installs them)");
+    // The script asks for "YES" before it rewrites the file.
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"YES\n").unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "gguf_convert_endian on {name}: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    std::fs::rename(&tmp, &out).unwrap();
+    Some(out)
 }
 
 fn logits_sha256(path: &Path, tokens: &[u32]) -> String {
@@ -79,6 +129,30 @@ fn portable_logits_are_the_same_bits_on_every_target() {
         }
         hashes.insert(name.to_string(), Value::String(got));
     }
+    let mut big_endian = 0;
+    if !bless {
+        for &name in BIG_ENDIAN {
+            let Some(path) = big_endian_copy(name) else {
+                break;
+            };
+            let f = (doc["fixtures"].as_array().unwrap().iter())
+                .find(|f| f["file"] == name)
+                .unwrap();
+            let tokens: Vec<u32> = (f["tokens"].as_array().unwrap().iter())
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            let mapped = MappedModel::open(&path).unwrap();
+            assert!(
+                mapped.parse().unwrap().big_endian(),
+                "{name}: not big-endian"
+            );
+            if committed["fixtures"][name].as_str() != Some(logits_sha256(&path, &tokens).as_str())
+            {
+                differ.push(format!("big-endian {name}"));
+            }
+            big_endian += 1;
+        }
+    }
     if bless {
         let out = serde_json::json!({
             "about": "sha256 of each fixture's logits (24 positions, f32 KV, little-endian f32) through the portable kernels; written by LLAMAY_BLESS=1 cargo test -p llamay-engine --test portable_bits on x86_64",
@@ -98,7 +172,7 @@ fn portable_logits_are_the_same_bits_on_every_target() {
         return;
     }
     eprintln!(
-        "{} fixtures on {} ({}-endian): {} differ from {}'s bits",
+        "{} fixtures and {big_endian} big-endian copies on {} ({}-endian): {} differ from {}'s bits",
         hashes.len(),
         std::env::consts::ARCH,
         if cfg!(target_endian = "big") {

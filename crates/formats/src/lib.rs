@@ -4,6 +4,7 @@
 //! This crate knows nothing of models or metadata: it turns blocks of bytes into
 //! floats and back. Every conversion is bit-exact against llama.cpp b11434.
 
+pub mod byte_order;
 mod dequant;
 mod fp16;
 mod iquants;

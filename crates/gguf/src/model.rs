@@ -18,6 +18,9 @@ const MAX_SPLITS: u64 = 9999;
 /// The memory-mapped files of one model: one file, or every shard of a split model.
 pub struct MappedModel {
     shards: Vec<(PathBuf, FileBytes)>,
+    /// The files are big-endian and their tensor data was rewritten, in memory, into
+    /// the little-endian layout where the format defines one (see `little_endian`).
+    converted: bool,
 }
 
 /// A file's bytes: mapped, or (where the target has no `mmap`: WASI preview 1) read
@@ -25,8 +28,10 @@ pub struct MappedModel {
 enum FileBytes {
     #[cfg_attr(target_family = "wasm", allow(dead_code))]
     Mapped(Mmap),
-    #[cfg_attr(not(target_family = "wasm"), allow(dead_code))]
-    Read { lines: Vec<Line>, len: usize },
+    Read {
+        lines: Vec<Line>,
+        len: usize,
+    },
 }
 
 #[derive(Clone, Copy)]
@@ -67,6 +72,8 @@ fn read_whole(mut file: &File, len: u64) -> std::io::Result<FileBytes> {
 /// A parsed model: metadata from the first shard, tensors from all of them.
 pub struct Model<'a> {
     pub shards: Vec<GgufFile<'a>>,
+    /// As [`MappedModel`]'s `converted`.
+    data_converted: bool,
     /// (shard, index in that shard) for each tensor in load order.
     order: Vec<(usize, usize)>,
     index: HashMap<&'a str, (usize, usize)>,
@@ -150,6 +157,48 @@ fn beyond_address_space(path: &Path, file: File, len: u64) -> OpenError {
     }
 }
 
+/// A big-endian file's bytes with its tensor data in the little-endian layout (read
+/// into memory: a mapping is never written): every tensor of a format with a defined
+/// big-endian layout (`llamay_formats::byte_order`) is rewritten; the others are left
+/// as they are, and [`Model::big_endian_data`] names them. A little-endian file is
+/// returned as it is.
+fn little_endian(path: &Path, bytes: FileBytes) -> Result<FileBytes, OpenError> {
+    let malformed = |source| OpenError::Malformed {
+        path: path.to_path_buf(),
+        source,
+    };
+    let extents: Vec<(usize, usize, llamay_formats::GgmlType)> = {
+        let f = GgufFile::parse(&bytes).map_err(malformed)?;
+        if !f.big_endian {
+            drop(f);
+            return Ok(bytes);
+        }
+        let base = bytes.as_ptr() as usize;
+        (f.tensors.iter())
+            .map(|t| (t.data.as_ptr() as usize - base, t.data.len(), t.ty))
+            .collect()
+    };
+    let (mut lines, len) = match bytes {
+        FileBytes::Read { lines, len } => (lines, len),
+        FileBytes::Mapped(map) => {
+            let len = map.len();
+            let mut lines = vec![Line([0; 64]); len.div_ceil(64)];
+            // SAFETY: as in `Deref`: `len` initialised bytes of plain `Line`s.
+            let buf =
+                unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) };
+            buf.copy_from_slice(&map);
+            (lines, len)
+        }
+    };
+    // SAFETY: as in `Deref`, mutably: the lines are ours.
+    let buf = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) };
+    for (start, n, ty) in extents {
+        // In range: the parser checked every tensor's extent against these bytes.
+        llamay_formats::byte_order::big_to_little_endian(ty, &mut buf[start..start + n]);
+    }
+    Ok(FileBytes::Read { lines, len })
+}
+
 /// `name-00001-of-00003.gguf` → ("name", 1, 3).
 fn split_pattern(path: &Path) -> Option<(String, u64, u64)> {
     let s = path.to_str()?;
@@ -169,8 +218,10 @@ fn shard_path(prefix: &str, no: u64, count: u64) -> PathBuf {
 impl MappedModel {
     /// Maps `path`. If it is the first shard of a split model (`split.count` > 1), maps
     /// the other shards too, found by the `-0000N-of-0000M.gguf` naming rule.
+    /// A big-endian file is read into memory with its tensor data rewritten into the
+    /// little-endian layout (see [`Model::big_endian_data`]).
     pub fn open(path: &Path) -> Result<Self, OpenError> {
-        let first = map_file(path)?;
+        let first = little_endian(path, map_file(path)?)?;
         let malformed = |source| OpenError::Malformed {
             path: path.to_path_buf(),
             source,
@@ -179,15 +230,16 @@ impl MappedModel {
             path: path.to_path_buf(),
             message,
         };
-        let (no, count) = {
+        let (no, count, converted) = {
             let f = GgufFile::parse(&first).map_err(malformed)?;
             let get = |k| f.metadata.get_u64(k).map_err(|e| split_err(e.to_string()));
-            (get(KEY_SPLIT_NO)?, get(KEY_SPLIT_COUNT)?)
+            (get(KEY_SPLIT_NO)?, get(KEY_SPLIT_COUNT)?, f.big_endian)
         };
         let count = count.unwrap_or(1);
         if count <= 1 {
             return Ok(MappedModel {
                 shards: vec![(path.to_path_buf(), first)],
+                converted,
             });
         }
         if count > MAX_SPLITS {
@@ -215,10 +267,10 @@ impl MappedModel {
         let mut shards = vec![(path.to_path_buf(), first)];
         for i in 2..=count {
             let p = shard_path(&prefix, i, count);
-            let map = map_file(&p)?;
+            let map = little_endian(&p, map_file(&p)?)?;
             shards.push((p, map));
         }
-        Ok(MappedModel { shards })
+        Ok(MappedModel { shards, converted })
     }
 
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
@@ -333,6 +385,7 @@ impl MappedModel {
         }
         Ok(Model {
             shards,
+            data_converted: self.converted,
             order,
             index,
         })
@@ -350,6 +403,7 @@ impl<'a> Model<'a> {
             .collect();
         Model {
             shards: vec![file],
+            data_converted: false,
             order,
             index,
         }
@@ -382,8 +436,19 @@ impl<'a> Model<'a> {
         self.shards.len() > 1
     }
 
+    /// The file's byte order (its header's; see [`Model::big_endian_data`] for its
+    /// tensors').
     pub fn big_endian(&self) -> bool {
         self.shards[0].big_endian
+    }
+
+    /// Whether `t`'s bytes are still big-endian: in a big-endian file, a tensor whose
+    /// format has no defined big-endian layout (`MappedModel::open` rewrote the others
+    /// into the little-endian one), or any tensor of a file parsed from raw bytes.
+    pub fn big_endian_data(&self, t: &TensorInfo<'_>) -> bool {
+        self.big_endian()
+            && !(self.data_converted
+                && llamay_formats::byte_order::big_endian_fields(t.ty).is_some())
     }
 }
 

@@ -4,7 +4,7 @@
 use crate::ModelArg;
 use crate::out;
 use anyhow::{Context, bail};
-use llamay_formats::{GgmlType, dequantize};
+use llamay_formats::dequantize;
 use llamay_gguf::MappedModel;
 use std::io::Write;
 
@@ -40,36 +40,27 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let n = args.count.map_or(t.n_elements, |c| c.min(t.n_elements));
     let block = t.ty.block_size();
     let type_size = t.ty.type_size() as usize;
-    let swap = model.big_endian();
-    if swap && !matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+    // A big-endian file's tensors are rewritten into the little-endian layout at open,
+    // where the format defines one.
+    if model.big_endian_data(t) {
         bail!(
-            "tensor '{}' is {} in a big-endian file; llamay byte-swaps only F32/F16/BF16 (convert the file with gguf_convert_endian)",
+            "tensor '{}' is {} in a big-endian file, a format without a defined big-endian layout (gguf-py's gguf_convert_endian converts {})",
             t.name,
-            t.ty
+            t.ty,
+            llamay_formats::byte_order::BIG_ENDIAN_FORMATS
         );
     }
     let mut w = out::stdout();
     w.write_all(b"[")?;
     let mut written = 0u64;
     let mut values = Vec::new();
-    let mut swapped = Vec::new();
     let n_blocks = n.div_ceil(block);
     let mut b0 = 0u64;
     while b0 < n_blocks {
         let nb = BLOCKS_PER_STEP.min(n_blocks - b0);
         // b0, nb are within the tensor, whose byte range the parser has checked.
         let start = b0 as usize * type_size;
-        let mut bytes = &t.data[start..start + nb as usize * type_size];
-        if swap {
-            let elem = type_size;
-            swapped.clear();
-            swapped.extend(
-                bytes
-                    .chunks_exact(elem)
-                    .flat_map(|c| c.iter().rev().copied()),
-            );
-            bytes = &swapped;
-        }
+        let bytes = &t.data[start..start + nb as usize * type_size];
         values.resize((nb * block) as usize, 0.0);
         dequantize(t.ty, bytes, &mut values).with_context(|| format!("tensor '{}'", t.name))?;
         for &v in values.iter().take((n - written).min(nb * block) as usize) {
