@@ -83,7 +83,7 @@ mod tests {
                 .flat_map(|v| v.to_le_bytes())
                 .collect::<Vec<_>>()
         );
-        assert!(!big_to_little_endian(GgmlType::Q5_K, &mut vec![0; 176]));
+        assert!(!big_to_little_endian(GgmlType::Q5_K, &mut [0; 176]));
         assert!(!big_to_little_endian(GgmlType::F16, &mut [0; 3]));
     }
 }
