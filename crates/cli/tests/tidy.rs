@@ -12,7 +12,8 @@ fn root() -> &'static Path {
         .unwrap()
 }
 
-/// The `[dependencies]` names of a crate's manifest (not dev-dependencies).
+/// The `[dependencies]` names of a crate's manifest, target-specific ones included
+/// (`[target.'cfg(…)'.dependencies]`; not dev-dependencies).
 fn deps(krate: &str) -> Vec<String> {
     let text =
         std::fs::read_to_string(root().join("crates").join(krate).join("Cargo.toml")).unwrap();
@@ -21,7 +22,8 @@ fn deps(krate: &str) -> Vec<String> {
     for line in text.lines() {
         let l = line.trim();
         if l.starts_with('[') {
-            in_deps = l == "[dependencies]";
+            in_deps = l == "[dependencies]"
+                || (l.starts_with("[target.") && l.ends_with(".dependencies]"));
             continue;
         }
         if in_deps && let Some((name, _)) = l.split_once('=') {
