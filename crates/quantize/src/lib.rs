@@ -180,7 +180,14 @@ fn temp_path(output: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    output.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+    // The process id where the target has one (WASI preview 1 has none: the clock).
+    let unique = if cfg!(target_family = "wasm") {
+        (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH))
+            .map_or(0, |d| d.as_nanos())
+    } else {
+        u128::from(std::process::id())
+    };
+    output.with_file_name(format!(".{name}.partial-{unique}"))
 }
 
 /// Dequantises `t` and quantises it to `to`, rows split across `threads`.
