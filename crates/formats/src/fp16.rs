@@ -4,6 +4,14 @@
 
 /// `GGML_FP16_TO_FP32`: exact for every finite half, and maps NaN payloads as ggml does.
 pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    if h & 0x7C00 == 0x7C00 {
+        // Infinity and NaN without float arithmetic: x86 keeps a NaN's payload through
+        // the multiply below (and sets the quiet bit), RISC-V returns its canonical NaN
+        // instead. These are the x86 bits, on every target.
+        let mantissa = u32::from(h & 0x03FF) << 13;
+        let quiet = if mantissa != 0 { 0x0040_0000 } else { 0 };
+        return f32::from_bits((u32::from(h & 0x8000) << 16) | 0x7F80_0000 | mantissa | quiet);
+    }
     let w = (h as u32) << 16;
     let sign = w & 0x8000_0000;
     let two_w = w.wrapping_add(w);
@@ -56,6 +64,23 @@ pub(crate) fn write_f16(b: &mut [u8], at: usize, v: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The arithmetic path, as ggml writes it, for every half (on x86-64, where it keeps
+    /// NaN payloads, this is the reference for the explicit infinity/NaN branch).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn infinities_and_nans_are_the_arithmetic_paths_bits_on_x86() {
+        for h in 0x7C00..=0x7FFFu16 {
+            for h in [h, h | 0x8000] {
+                let w = (h as u32) << 16;
+                let two_w = w.wrapping_add(w);
+                let arith =
+                    f32::from_bits((two_w >> 4) + (0xE0 << 23)) * f32::from_bits(0x0780_0000);
+                let want = (w & 0x8000_0000) | arith.to_bits();
+                assert_eq!(f16_to_f32(h).to_bits(), want, "{h:#x}");
+            }
+        }
+    }
 
     #[test]
     fn agrees_with_half_on_every_non_nan_half() {
