@@ -163,6 +163,12 @@ fn beyond_address_space(path: &Path, file: File, len: u64) -> OpenError {
 /// as they are, and [`Model::big_endian_data`] names them. A little-endian file is
 /// returned as it is.
 fn little_endian(path: &Path, bytes: FileBytes) -> Result<FileBytes, OpenError> {
+    // A little-endian file (by its version field, as the parser reads it) is returned
+    // without a parse here.
+    let version = (bytes.get(4..8)).map(|v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+    if !version.is_some_and(crate::read::is_big_endian_version) {
+        return Ok(bytes);
+    }
     let malformed = |source| OpenError::Malformed {
         path: path.to_path_buf(),
         source,

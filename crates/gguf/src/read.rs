@@ -212,7 +212,7 @@ pub(crate) fn parse(buf: &[u8], declared_len: Option<u64>) -> Result<GgufFile<'_
     let version = match version_le {
         2 | 3 => version_le,
         1 => return Err(c.err(4, "header", ErrorKind::Version1)),
-        v if matches!(v.swap_bytes(), 2 | 3) => {
+        v if is_big_endian_version(v) => {
             c.big_endian = true;
             v.swap_bytes()
         }
@@ -454,4 +454,10 @@ pub(crate) fn parse(buf: &[u8], declared_len: Option<u64>) -> Result<GgufFile<'_
         file_len,
         header: &buf[..(c.pos).min(buf.len())],
     })
+}
+
+/// Whether the version field, read little-endian, is a byte-swapped 2 or 3: the file
+/// is big-endian.
+pub(crate) fn is_big_endian_version(version_le: u32) -> bool {
+    matches!(version_le.swap_bytes(), 2 | 3)
 }
