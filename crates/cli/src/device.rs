@@ -82,12 +82,7 @@ impl DeviceArg {
                 eprintln!("device: cpu (a wasm32 build has no GPU backend)");
                 Ok(None)
             }
-            Choice::Vulkan(_) => Err(crate::left_out::refuse(
-                "--device vulkan",
-                "GPU backend",
-                "WASI preview 1 has no dynamic loading",
-                "it runs on the CPU: leave --device out",
-            )),
+            Choice::Vulkan(_) => Err(crate::left_out::gpu("--device vulkan")),
         }
     }
 
@@ -144,12 +139,7 @@ impl DeviceArg {
 /// Opens Vulkan device `index`: refused in a wasm32 build.
 #[cfg(target_family = "wasm")]
 pub fn open_vulkan(index: usize) -> anyhow::Result<Box<dyn Device>> {
-    Err(crate::left_out::refuse(
-        &format!("--device vulkan:{index}"),
-        "GPU backend",
-        "WASI preview 1 has no dynamic loading",
-        "it runs on the CPU: leave --device out",
-    ))
+    Err(crate::left_out::gpu(&format!("--device vulkan:{index}")))
 }
 
 /// Opens Vulkan device `index`.

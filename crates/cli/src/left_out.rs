@@ -23,3 +23,14 @@ pub fn network(what: &str) -> anyhow::Error {
         "use a native build, or give a local file",
     )
 }
+
+/// The refusal of a GPU device.
+#[cfg_attr(not(target_family = "wasm"), allow(dead_code))]
+pub fn gpu(what: &str) -> anyhow::Error {
+    refuse(
+        what,
+        "GPU backend",
+        "WASI preview 1 has no dynamic loading",
+        "it runs on the CPU: leave --device out",
+    )
+}

@@ -72,6 +72,13 @@ fn big_endian_copy(name: &str) -> Option<PathBuf> {
     Some(out)
 }
 
+/// A fixture's 24 tokens (arch-fixtures.json).
+fn tokens_of(f: &Value) -> Vec<u32> {
+    (f["tokens"].as_array().unwrap().iter())
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
 fn logits_sha256(path: &Path, tokens: &[u32]) -> String {
     let mapped = MappedModel::open(path).unwrap();
     let gguf = mapped.parse().unwrap();
@@ -120,9 +127,7 @@ fn portable_logits_are_the_same_bits_on_every_target() {
     let mut differ = Vec::new();
     for f in doc["fixtures"].as_array().unwrap() {
         let name = f["file"].as_str().unwrap();
-        let tokens: Vec<u32> = (f["tokens"].as_array().unwrap().iter())
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect();
+        let tokens = tokens_of(f);
         let got = logits_sha256(&dir.join(name), &tokens);
         if !bless && committed["fixtures"][name].as_str() != Some(got.as_str()) {
             differ.push(name.to_string());
@@ -138,9 +143,7 @@ fn portable_logits_are_the_same_bits_on_every_target() {
             let f = (doc["fixtures"].as_array().unwrap().iter())
                 .find(|f| f["file"] == name)
                 .unwrap();
-            let tokens: Vec<u32> = (f["tokens"].as_array().unwrap().iter())
-                .map(|t| t.as_u64().unwrap() as u32)
-                .collect();
+            let tokens = tokens_of(f);
             let mapped = MappedModel::open(&path).unwrap();
             assert!(
                 mapped.parse().unwrap().big_endian(),

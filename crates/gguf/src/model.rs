@@ -28,26 +28,45 @@ pub struct MappedModel {
 enum FileBytes {
     #[cfg_attr(target_family = "wasm", allow(dead_code))]
     Mapped(Mmap),
-    Read {
-        lines: Vec<Line>,
-        len: usize,
-    },
+    Read(Owned),
+}
+
+/// `len` bytes in memory, starting on a 64-byte boundary.
+struct Owned {
+    lines: Vec<Line>,
+    len: usize,
 }
 
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
+impl Owned {
+    fn zeroed(len: usize) -> Owned {
+        Owned {
+            lines: vec![Line([0; 64]); len.div_ceil(64)],
+            len,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `lines` holds at least `len` initialised bytes (`zeroed`); `Line` is
+        // plain bytes with no padding.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, borrowed mutably through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+}
+
 impl std::ops::Deref for FileBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
             FileBytes::Mapped(m) => m,
-            // SAFETY: `lines` holds `len` initialised bytes (`len <= 64 * lines.len()`,
-            // set by `read_whole`); `Line` is plain bytes with no padding.
-            FileBytes::Read { lines, len } => unsafe {
-                std::slice::from_raw_parts(lines.as_ptr().cast::<u8>(), *len)
-            },
+            FileBytes::Read(o) => o.bytes(),
         }
     }
 }
@@ -57,16 +76,13 @@ impl std::ops::Deref for FileBytes {
 fn read_whole(mut file: &File, len: u64) -> std::io::Result<FileBytes> {
     use std::io::Read;
     // `len <= MAX_MAPPED` (checked by the caller), so it fits usize.
-    let len = len as usize;
-    let mut lines = vec![Line([0; 64]); len.div_ceil(64)];
-    // SAFETY: as in `Deref`: the lines are initialised bytes, `len` of them in range.
-    let buf = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) };
+    let mut owned = Owned::zeroed(len as usize);
     // In pieces: one read of hundreds of megabytes fails under some WASI runtimes
     // (Wasmtime: ENOMEM).
-    for piece in buf.chunks_mut(8 << 20) {
+    for piece in owned.bytes_mut().chunks_mut(8 << 20) {
         file.read_exact(piece)?;
     }
-    Ok(FileBytes::Read { lines, len })
+    Ok(FileBytes::Read(owned))
 }
 
 /// A parsed model: metadata from the first shard, tensors from all of them.
@@ -175,34 +191,25 @@ fn little_endian(path: &Path, bytes: FileBytes) -> Result<FileBytes, OpenError> 
     };
     let extents: Vec<(usize, usize, llamay_formats::GgmlType)> = {
         let f = GgufFile::parse(&bytes).map_err(malformed)?;
-        if !f.big_endian {
-            drop(f);
-            return Ok(bytes);
-        }
         let base = bytes.as_ptr() as usize;
         (f.tensors.iter())
             .map(|t| (t.data.as_ptr() as usize - base, t.data.len(), t.ty))
             .collect()
     };
-    let (mut lines, len) = match bytes {
-        FileBytes::Read { lines, len } => (lines, len),
+    let mut owned = match bytes {
+        FileBytes::Read(owned) => owned,
         FileBytes::Mapped(map) => {
-            let len = map.len();
-            let mut lines = vec![Line([0; 64]); len.div_ceil(64)];
-            // SAFETY: as in `Deref`: `len` initialised bytes of plain `Line`s.
-            let buf =
-                unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) };
-            buf.copy_from_slice(&map);
-            (lines, len)
+            let mut owned = Owned::zeroed(map.len());
+            owned.bytes_mut().copy_from_slice(&map);
+            owned
         }
     };
-    // SAFETY: as in `Deref`, mutably: the lines are ours.
-    let buf = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) };
+    let buf = owned.bytes_mut();
     for (start, n, ty) in extents {
         // In range: the parser checked every tensor's extent against these bytes.
         llamay_formats::byte_order::big_to_little_endian(ty, &mut buf[start..start + n]);
     }
-    Ok(FileBytes::Read { lines, len })
+    Ok(FileBytes::Read(owned))
 }
 
 /// `name-00001-of-00003.gguf` → ("name", 1, 3).
