@@ -46,17 +46,37 @@ pub fn sin_cos(x: f32) -> (f32, f32) {
     let x = f64::from(x);
     let k = (x * std::f64::consts::FRAC_2_PI).round();
     let r = PIO2.iter().fold(x, |r, p| r - k * p);
-    // Taylor series on |r| <= π/4: the terms after r^21/21! are below 2^-70.
+    // Taylor series on |r| <= π/4 (terms after r^21/21! are below 2^-70), by Horner with
+    // constant coefficients: rope calls this for every pair of every token's angles, so
+    // no division on the way.
+    const SIN: [f64; 10] = [
+        -1.0 / 6.0,
+        1.0 / 120.0,
+        -1.0 / 5040.0,
+        1.0 / 362880.0,
+        -1.0 / 39916800.0,
+        1.0 / 6227020800.0,
+        -1.0 / 1307674368000.0,
+        1.0 / 355687428096000.0,
+        -1.0 / 121645100408832000.0,
+        1.0 / 51090942171709440000.0,
+    ];
+    const COS: [f64; 10] = [
+        -1.0 / 2.0,
+        1.0 / 24.0,
+        -1.0 / 720.0,
+        1.0 / 40320.0,
+        -1.0 / 3628800.0,
+        1.0 / 479001600.0,
+        -1.0 / 87178291200.0,
+        1.0 / 20922789888000.0,
+        -1.0 / 6402373705728000.0,
+        1.0 / 2432902008176640000.0,
+    ];
     let r2 = r * r;
-    let (mut s, mut c) = (r, 1.0);
-    let (mut ts, mut tc) = (r, 1.0);
-    for n in 1..=10 {
-        let n = f64::from(n);
-        ts = -ts * r2 / ((2.0 * n) * (2.0 * n + 1.0));
-        tc = -tc * r2 / ((2.0 * n - 1.0) * (2.0 * n));
-        s += ts;
-        c += tc;
-    }
+    let horner = |k: &[f64; 10]| k.iter().rev().fold(0.0, |acc, &c| acc * r2 + c);
+    let s = r + r * r2 * horner(&SIN);
+    let c = 1.0 + r2 * horner(&COS);
     let (s, c) = (s as f32, c as f32);
     match (k as i64).rem_euclid(4) {
         0 => (s, c),
