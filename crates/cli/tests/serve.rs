@@ -140,6 +140,41 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// A server of the Gemma file as `gemma3:270m` and, when `tools` names a copy, that
+/// copy under the Llama 3 tool-calling template as `tools` (removed when the returned
+/// path drops).
+fn serve_gemma(g: &Path, tools: Option<&str>) -> (Serve, Option<common::TempPath>) {
+    let copy = tools.map(|name| {
+        let template = std::fs::read_to_string(data("data/serve/llama3-tools.jinja")).unwrap();
+        common::with_template(g, name, &template)
+    });
+    let mut args = vec!["-m", g.to_str().unwrap(), "--alias", "gemma3:270m"];
+    if let Some(c) = &copy {
+        args.extend(["-m", c.to_str().unwrap(), "--alias", "tools"]);
+    }
+    args.extend(["--chat-template", "gemma"]);
+    (Serve::start(&args), copy)
+}
+
+/// Runs the Python script `tests/serve/NAME` with the server's address and `args`;
+/// its output is printed, and a failure shows it with the server's log.
+fn run_script(s: &Serve, py: &Path, name: &str, args: &[&str]) {
+    let out = Command::new(py)
+        .arg(data(&format!("serve/{name}")))
+        .arg(&s.base)
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log.lock().unwrap()
+    );
+}
+
 #[test]
 fn serve_help_exits_0_and_bad_flags_are_named() {
     let o = common::llamay(&["serve", "--help"]);
@@ -184,34 +219,10 @@ fn serve_the_official_ollama_and_openai_clients_work_unmodified() {
     let (Some(g), Some(py)) = (gemma(), python()) else {
         return;
     };
-    let template = std::fs::read_to_string(data("data/serve/llama3-tools.jinja")).unwrap();
-    let tools = common::with_template(&g, "serve-tools", &template);
-    let s = Serve::start(&[
-        "-m",
-        g.to_str().unwrap(),
-        "--alias",
-        "gemma3:270m",
-        "-m",
-        tools.to_str().unwrap(),
-        "--alias",
-        "tools",
-        "--chat-template",
-        "gemma",
-    ]);
+    let (s, tools) = serve_gemma(&g, Some("serve-tools"));
+    let tools = tools.unwrap();
     for group in ["ollama", "openai", "tools"] {
-        let out = Command::new(&py)
-            .arg(data("serve/clients.py"))
-            .args([&s.base, group])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        print!("{stdout}");
-        assert!(
-            out.status.success(),
-            "clients.py {group} failed:\n{stdout}\n{}\nserver log:\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            s.log.lock().unwrap()
-        );
+        run_script(&s, &py, "clients.py", &[group]);
     }
     // clients.py sent num_ctx above --ctx-size twice: clamped, said once.
     let log = s.log.lock().unwrap().clone();
@@ -255,7 +266,6 @@ fn serve_the_official_ollama_and_openai_clients_work_unmodified() {
         .find(|m| m["name"] == "gemma3:270m")
         .unwrap();
     assert_eq!(loaded["digest"].as_str().unwrap(), sha(&g));
-    let _ = std::fs::remove_file(tools);
 }
 
 /// ≥ 30 schemas as pydantic writes them (constrained ints and floats, patterns,
@@ -267,27 +277,8 @@ fn serve_structured_output_is_valid_on_pydantic_schemas() {
     let (Some(g), Some(py)) = (gemma(), python()) else {
         return;
     };
-    let s = Serve::start(&[
-        "-m",
-        g.to_str().unwrap(),
-        "--alias",
-        "gemma3:270m",
-        "--chat-template",
-        "gemma",
-    ]);
-    let out = Command::new(&py)
-        .arg(data("serve/schemas.py"))
-        .arg(&s.base)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    print!("{stdout}");
-    assert!(
-        out.status.success(),
-        "schemas.py failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        s.log.lock().unwrap()
-    );
+    let (s, _) = serve_gemma(&g, None);
+    run_script(&s, &py, "schemas.py", &[]);
 }
 
 /// The frameworks people put in front of a server, each used as its README shows
@@ -305,33 +296,8 @@ fn serve_the_frameworks_work_as_their_readmes_show() {
     ) else {
         return;
     };
-    let template = std::fs::read_to_string(data("data/serve/llama3-tools.jinja")).unwrap();
-    let tools = common::with_template(&g, "serve-frameworks-tools", &template);
-    let s = Serve::start(&[
-        "-m",
-        g.to_str().unwrap(),
-        "--alias",
-        "gemma3:270m",
-        "-m",
-        tools.to_str().unwrap(),
-        "--alias",
-        "tools",
-        "--chat-template",
-        "gemma",
-    ]);
-    let out = Command::new(&py)
-        .arg(data("serve/frameworks.py"))
-        .arg(&s.base)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    print!("{stdout}");
-    assert!(
-        out.status.success(),
-        "frameworks.py failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        s.log.lock().unwrap()
-    );
+    let (s, _tools) = serve_gemma(&g, Some("serve-frameworks-tools"));
+    run_script(&s, &py, "frameworks.py", &[]);
 }
 
 /// `n` choices share one prefill: the later ones fork the first's prompt while it is

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// A request ready for the engine, from either API.
+#[derive(Clone)]
 pub struct Generation {
     pub prompt: Vec<u32>,
     pub params: SamplerParams,

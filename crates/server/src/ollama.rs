@@ -82,6 +82,28 @@ pub struct Options {
     n_ctx: Option<usize>,
 }
 
+impl Options {
+    /// The engine's request for `prompt` under these options.
+    fn generation(
+        self,
+        prompt: Vec<u32>,
+        grammar: Option<Arc<Rules>>,
+        render_special: bool,
+    ) -> Generation {
+        Generation {
+            prompt,
+            params: self.params,
+            max_tokens: self.max_tokens,
+            stop: self.stop,
+            grammar,
+            logprobs: None,
+            n_ctx: self.n_ctx,
+            render_special,
+            ignore_eos: false,
+        }
+    }
+}
+
 fn options(body: &Map<String, Value>) -> Result<Options, ApiError> {
     let o = Fields::of(body.get("options"), "options.")?;
     let d = SamplerParams::default();
@@ -405,17 +427,7 @@ async fn generate(axum::extract::State(s): State, body: Body) -> Result<Response
         }
         t
     };
-    let g = Generation {
-        prompt: tokens,
-        params: opts.params,
-        max_tokens: opts.max_tokens,
-        stop: opts.stop,
-        grammar,
-        logprobs: None,
-        n_ctx: opts.n_ctx,
-        render_special: false,
-        ignore_eos: false,
-    };
+    let g = opts.generation(tokens, grammar, false);
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let st = s.clone();
     let mut first = true;
@@ -569,17 +581,7 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
     }
     check_thinking(&name, model.format.as_ref(), &kwargs)?;
     let prompt = generate::chat_prompt(&model, &name, &messages, &tools, grammar, kwargs)?;
-    let g = Generation {
-        prompt: prompt.tokens.clone(),
-        params: opts.params,
-        max_tokens: opts.max_tokens,
-        stop: opts.stop,
-        grammar: prompt.grammar.clone(),
-        logprobs: None,
-        n_ctx: opts.n_ctx,
-        render_special: true,
-        ignore_eos: false,
-    };
+    let g = opts.generation(prompt.tokens.clone(), prompt.grammar.clone(), true);
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let st = s.clone();
     let mut parser = Some(prompt.parser());

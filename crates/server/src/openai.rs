@@ -56,6 +56,29 @@ pub struct Common {
     pub(crate) n: usize,
 }
 
+impl Common {
+    /// The engine's request for `prompt` under these fields (the server's `--ctx-size`).
+    pub(crate) fn generation(
+        &self,
+        prompt: Vec<u32>,
+        grammar: Option<Arc<llamay_engine::grammar::Rules>>,
+        logprobs: Option<usize>,
+        render_special: bool,
+    ) -> Generation {
+        Generation {
+            prompt,
+            params: self.params.clone(),
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            grammar,
+            logprobs,
+            n_ctx: None,
+            render_special,
+            ignore_eos: self.ignore_eos,
+        }
+    }
+}
+
 /// The most choices one request may ask for.
 const MAX_CHOICES: usize = 16;
 
@@ -201,6 +224,33 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
+    /// The messages through `model`'s chat template, the answer read as OpenAI reads it
+    /// (content under a `response_format`, calls where tools force or allow them), and
+    /// the engine's request for that prompt. Chat completions and Responses share it.
+    pub(crate) fn prepare(
+        self,
+        model: &Loaded,
+    ) -> std::result::Result<(Common, generate::ChatPrompt, Generation), ApiError> {
+        let asked = self.grammar.is_some();
+        let (c, tools) = (self.c, self.tools);
+        let mut prompt = generate::chat_prompt(
+            model,
+            &c.name,
+            &self.messages,
+            &tools,
+            self.grammar,
+            self.kwargs,
+        )?;
+        prompt.answer_is_content(asked, &tools);
+        let g = c.generation(
+            prompt.tokens.clone(),
+            prompt.grammar.clone(),
+            self.logprobs,
+            true,
+        );
+        Ok((c, prompt, g))
+    }
+
     pub fn parse(body: &Map<String, Value>) -> std::result::Result<Self, ApiError> {
         let c = common(body, usize::MAX)?;
         let f = Fields::top(body);
@@ -271,18 +321,11 @@ async fn submit_n(
     n: usize,
 ) -> std::result::Result<tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     let again = |i: usize| Generation {
-        prompt: g.prompt.clone(),
         params: SamplerParams {
             seed: g.params.seed.wrapping_add(i as u64),
             ..g.params.clone()
         },
-        max_tokens: g.max_tokens,
-        stop: g.stop.clone(),
-        grammar: g.grammar.clone(),
-        logprobs: g.logprobs,
-        n_ctx: g.n_ctx,
-        render_special: g.render_special,
-        ignore_eos: g.ignore_eos,
+        ..g.clone()
     };
     let rest: Vec<Generation> = (1..n).map(again).collect();
     let mut first = generate::submit(model, g).map_err(|e| s.rejected(e))?;
@@ -327,29 +370,14 @@ struct Choice {
 async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
-    let ChatRequest {
-        c,
-        messages,
-        tools,
-        grammar,
-        logprobs,
-        kwargs,
-    } = ChatRequest::parse(&body)?;
-    let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
-    let asked = grammar.is_some();
-    let mut prompt = generate::chat_prompt(&model, &c.name, &messages, &tools, grammar, kwargs)?;
-    prompt.answer_is_content(asked, &tools);
-    let g = Generation {
-        prompt: prompt.tokens.clone(),
-        params: c.params,
-        max_tokens: c.max_tokens,
-        stop: c.stop,
-        grammar: prompt.grammar.clone(),
-        logprobs,
-        n_ctx: None,
-        render_special: true,
-        ignore_eos: c.ignore_eos,
-    };
+    let request = ChatRequest::parse(&body)?;
+    let model = s
+        .registry
+        .get(&request.c.name)
+        .await
+        .map_err(ApiError::from)?;
+    let (c, prompt, g) = request.prepare(&model)?;
+    let logprobs = g.logprobs;
     let n = c.n;
     let rx = submit_n(&model, &s, g, n).await?;
     let id = new_id("chatcmpl");
@@ -673,17 +701,7 @@ async fn completions(axum::extract::State(s): State, body: Body) -> Result<Respo
     } = CompletionRequest::parse(&body)?;
     let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
     let tokens = prompt_tokens(&model, &prompt)?;
-    let g = Generation {
-        prompt: tokens,
-        params: c.params,
-        max_tokens: c.max_tokens,
-        stop: c.stop,
-        grammar,
-        logprobs,
-        n_ctx: None,
-        render_special: false,
-        ignore_eos: c.ignore_eos,
-    };
+    let g = c.generation(tokens, grammar, logprobs, false);
     let n = c.n;
     let rx = submit_n(&model, &s, g, n).await?;
     let id = new_id("cmpl");

@@ -10,7 +10,7 @@
 
 use crate::State;
 use crate::error::{ApiError, OaiError};
-use crate::generate::{self, ChatDelta, Generation};
+use crate::generate::{self, ChatDelta};
 use crate::ollama::body_object;
 use crate::openai::{ChatRequest, collect, new_id, unix_now};
 use crate::scheduler::{Event, Finish, Summary};
@@ -294,42 +294,49 @@ impl Builder {
     /// Closes the open item: its done events, its final form in `output`.
     fn close(&mut self, out: &mut Vec<Value>) {
         let index = self.output().len();
-        match std::mem::replace(&mut self.open, Open::None) {
-            Open::None => {}
+        // The open item's own done-events, then the item's.
+        let (done, item) = match std::mem::replace(&mut self.open, Open::None) {
+            Open::None => return,
             Open::Message { id, text } => {
                 let part =
                     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
-                let item = json!({"type": "message", "id": id, "status": "completed", "role": "assistant", "content": [part]});
-                let ev = self.event("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}));
-                out.push(ev);
-                let ev = self.event(
-                    "response.content_part.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
-                );
-                out.push(ev);
-                let ev = self.event(
-                    "response.output_item.done",
-                    json!({"output_index": index, "item": item}),
-                );
-                out.push(ev);
-                self.output().push(item);
+                let done = vec![
+                    (
+                        "response.output_text.done",
+                        json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+                    ),
+                    (
+                        "response.content_part.done",
+                        json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                    ),
+                ];
+                (
+                    done,
+                    json!({"type": "message", "id": id, "status": "completed", "role": "assistant", "content": [part]}),
+                )
             }
             Open::Reasoning { id, text } => {
-                let part = json!({"type": "reasoning_text", "text": text});
-                let item = json!({"type": "reasoning", "id": id, "summary": [], "content": [part]});
-                let ev = self.event(
+                let done = vec![(
                     "response.reasoning_text.done",
                     json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
-                );
-                out.push(ev);
-                let ev = self.event(
-                    "response.output_item.done",
-                    json!({"output_index": index, "item": item}),
-                );
-                out.push(ev);
-                self.output().push(item);
+                )];
+                let part = json!({"type": "reasoning_text", "text": text});
+                (
+                    done,
+                    json!({"type": "reasoning", "id": id, "summary": [], "content": [part]}),
+                )
             }
+        };
+        for (kind, body) in done {
+            let ev = self.event(kind, body);
+            out.push(ev);
         }
+        let ev = self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+        out.push(ev);
+        self.output().push(item);
     }
 
     fn text(&mut self, reasoning: bool, delta: &str, out: &mut Vec<Value>) {
@@ -466,29 +473,14 @@ pub fn parse(body: &Map<String, Value>) -> std::result::Result<ChatRequest, ApiE
 pub async fn create(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
-    let ChatRequest {
-        c,
-        messages,
-        tools,
-        grammar,
-        logprobs: _,
-        kwargs,
-    } = parse(&body)?;
-    let model = s.registry.get(&c.name).await.map_err(ApiError::from)?;
-    let asked = grammar.is_some();
-    let mut prompt = generate::chat_prompt(&model, &c.name, &messages, &tools, grammar, kwargs)?;
-    prompt.answer_is_content(asked, &tools);
-    let g = Generation {
-        prompt: prompt.tokens.clone(),
-        params: c.params,
-        max_tokens: c.max_tokens,
-        stop: c.stop,
-        grammar: prompt.grammar.clone(),
-        logprobs: None,
-        n_ctx: None,
-        render_special: true,
-        ignore_eos: c.ignore_eos,
-    };
+    let request = parse(&body)?;
+    let model = s
+        .registry
+        .get(&request.c.name)
+        .await
+        .map_err(ApiError::from)?;
+    // Responses has no `logprobs` (as_chat does not carry it): the request's is None.
+    let (c, prompt, g) = request.prepare(&model)?;
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let mut b = Builder {
         response: skeleton(&body, &new_id("resp"), unix_now(), &c.name),
