@@ -442,8 +442,19 @@ fn quantize_plain_types() {
                 .unwrap();
         assert_eq!(j["metadata"]["general.file_type"], file_type);
         assert_eq!(j["metadata"]["general.quantization_version"], 2);
-        assert_eq!(j["tensors"][0]["type"], got_type, "{target}");
-        assert_eq!(j["tensors"][1]["type"], "F32", "norms stay F32");
+        let type_of = |name: &str| {
+            j["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == name)
+                .unwrap()["type"]
+                .clone()
+        };
+        assert_eq!(type_of("blk.0.attn_q.weight"), got_type, "{target}");
+        assert_eq!(type_of("blk.0.attn_norm.weight"), "F32", "norms stay F32");
+        // llama-quantize's order: by layer, then name.
+        assert_eq!(j["tensors"][0]["name"], "blk.0.attn_norm.weight");
         let back = dump(&out, "blk.0.attn_q.weight", None);
         for (a, b) in back.iter().zip(&q) {
             assert!((a - b).abs() <= tol, "{target}: {a} vs {b}");
@@ -471,10 +482,34 @@ fn quantize_refusals_leave_no_output() {
     let i = input.to_str().unwrap();
     let out = temp("q-refuse-out.gguf");
     let o = out.to_str().unwrap();
-    assert_error(&llamay(&["quantize", i, o, "Q4_K_M"]), "mixture preset");
+    // A row of 256 (a short one falls back to Q4_0, which needs no importance matrix).
+    let wide = temp("q-refuse-wide.gguf");
+    write_model(
+        &wide,
+        "llama",
+        &[(
+            "w.weight",
+            GgmlType::F32,
+            vec![256, 2],
+            f32_bytes(&[0.5; 512]),
+        )],
+    );
+    assert_error(
+        &llamay(&["quantize", wide.to_str().unwrap(), o, "Q2_K_S"]),
+        "requires an importance matrix",
+    );
     assert_error(
         &llamay(&["quantize", i, o, "IQ2_XS"]),
-        "never writes i-quants",
+        "does not write i-quants",
+    );
+    assert_error(&llamay(&["quantize", i, "/", "Q8_0"]), "is a directory");
+    assert_error(
+        &llamay(&["quantize", i, o, "Q8_0", "--tensor-type", "attn(=Q4_K"]),
+        "not a regex",
+    );
+    assert_error(
+        &llamay(&["quantize", i, o, "Q8_0", "--override-kv", "a.b=int:x"]),
+        "not an integer",
     );
     assert_error(
         &llamay(&["quantize", i, o, "Q8_0", "--imatrix", "x.dat"]),

@@ -1,24 +1,102 @@
-//! `llamay quantize`: rewrite a GGUF model with its weight matrices in another format.
+//! `llamay quantize`: rewrite a GGUF model with its weight matrices in other formats,
+//! as llama-quantize b11434 does, byte for byte.
 //!
-//! Which tensors are converted follows llama.cpp's `llama-quantize --pure` rules
-//! (`tensor_allows_quantization` and `tensor_type_fallback` in b11434's
-//! `src/llama-quant.cpp`): matrices named `*weight` except norms, routers and a few
-//! special tensors; a row length the target's block does not divide falls back to the
-//! type llama.cpp falls back to. Everything else is copied byte for byte, metadata too,
-//! with `general.file_type` and `general.quantization_version` set as llama.cpp sets
-//! them. The output is written to a temporary file and renamed into place only when
-//! complete, so a failure never leaves a partial model under the output name.
+//! Which type each tensor gets follows llama.cpp's rules (`preset.rs`: the presets'
+//! per-tensor mixtures, `--pure`, the fallbacks when a row does not split into blocks,
+//! the flags that override them). The file is laid out as llama-quantize lays it out:
+//! its tensor order (by layer, then name), the input's metadata with the split keys
+//! removed and `general.quantization_version` then `general.file_type` (then any
+//! `--override-kv`) moved to the end, 32-byte alignment. The output is written to a
+//! temporary file and renamed into place only when complete, so a failure never
+//! leaves a partial model under the output name.
 
-mod select;
+mod preset;
 
-pub use select::{Target, tensor_plan};
+pub use preset::{
+    Ftype, ModelFacts, Overrides, Planner, allows_quantization, parse_type, tensor_order,
+};
 
 use llamay_formats::{FormatError, GgmlType, dequantize, quantize};
-use llamay_gguf::{GgufWriter, MappedModel, OpenError, TensorInfo, Value, WriteError};
+use llamay_gguf::{GgufWriter, MappedModel, Model, OpenError, TensorInfo, Value, WriteError};
 use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+
+/// A `--override-kv` value, written as llama-quantize writes it (an integer as a u32 of
+/// its magnitude, a float as f32).
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvOverride {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+}
+
+impl KvOverride {
+    /// llama.cpp's `KEY=TYPE:VALUE` (TYPE: int, float, bool, str).
+    pub fn parse(s: &str) -> Result<(String, KvOverride), String> {
+        let bad = |why: &str| {
+            format!("--override-kv '{s}': {why} (KEY=TYPE:VALUE, TYPE int, float, bool or str)")
+        };
+        let (key, rest) = s.split_once('=').ok_or_else(|| bad("no '='"))?;
+        if key.is_empty() || key.len() >= 128 {
+            return Err(bad("the key must be 1 to 127 bytes"));
+        }
+        let (ty, v) = rest
+            .split_once(':')
+            .ok_or_else(|| bad("no ':' after the type"))?;
+        let value = match ty {
+            "int" => KvOverride::Int(v.parse().map_err(|_| bad("not an integer"))?),
+            "float" => KvOverride::Float(v.parse().map_err(|_| bad("not a number"))?),
+            "bool" => match v {
+                "true" => KvOverride::Bool(true),
+                "false" => KvOverride::Bool(false),
+                _ => return Err(bad("a bool is true or false")),
+            },
+            "str" if v.len() < 128 => KvOverride::Str(v.to_string()),
+            "str" => return Err(bad("a string value is at most 127 bytes")),
+            _ => return Err(bad("unknown type")),
+        };
+        Ok((key.to_string(), value))
+    }
+
+    fn value(&self) -> Value<'_> {
+        match self {
+            KvOverride::Int(i) => Value::U32(i.unsigned_abs() as u32),
+            KvOverride::Float(f) => Value::F32(*f as f32),
+            KvOverride::Bool(b) => Value::Bool(*b),
+            KvOverride::Str(s) => Value::String(s.as_str().into()),
+        }
+    }
+}
+
+/// What to write: llama-quantize's file type and flags.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub ftype: Ftype,
+    /// `COPY`: every tensor as it is, the input's file type kept.
+    pub copy: bool,
+    pub overrides: Overrides,
+    /// `--allow-requantize`: a quantised input tensor may be converted again.
+    pub allow_requantize: bool,
+    /// `--override-kv`, in order.
+    pub kv: Vec<(String, KvOverride)>,
+}
+
+impl Request {
+    /// The file type `name` names (llama-quantize's names), nothing else asked.
+    pub fn named(name: &str) -> Result<Request, String> {
+        let (ftype, copy) = Ftype::parse(name)?;
+        Ok(Request {
+            ftype,
+            copy,
+            overrides: Overrides::default(),
+            allow_requantize: false,
+            kv: Vec::new(),
+        })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum QuantizeError {
@@ -49,12 +127,12 @@ pub struct TensorReport {
     pub n_bytes_out: u64,
 }
 
-/// Converts `input` to `output`. `report` is called once per tensor, in file order,
-/// after that tensor has been converted.
+/// Converts `input` to `output`. `report` is called once per tensor, in the output's
+/// order, after that tensor has been converted.
 pub fn quantize_file(
     input: &Path,
     output: &Path,
-    target: Target,
+    request: &Request,
     threads: usize,
     mut report: impl FnMut(&TensorReport),
 ) -> Result<Vec<TensorReport>, QuantizeError> {
@@ -66,63 +144,104 @@ pub fn quantize_file(
                 .into(),
         ));
     }
-    let arch = model
-        .metadata()
-        .architecture()
-        .ok()
-        .flatten()
-        .unwrap_or("")
-        .to_string();
+    let facts = model_facts(&model);
+    let mut tensors: Vec<&TensorInfo<'_>> = model.tensors().collect();
+    tensors.sort_by(|a, b| tensor_order(a.name, b.name));
 
-    let mut w = GgufWriter::new();
+    // The types first (llama.cpp plans every tensor before it writes one).
+    let mut planner = Planner::new(
+        request.ftype,
+        request.copy,
+        &facts,
+        &request.overrides,
+        tensors.iter().map(|t| t.name),
+    );
+    let mut plans = Vec::with_capacity(tensors.len());
+    for t in &tensors {
+        let to = planner
+            .plan(t.name, &t.shape, t.ty)
+            .map_err(QuantizeError::Unsupported)?;
+        // llama.cpp's tensor_requires_imatrix for the types llamay writes: a Q2_K
+        // matrix of a Q2_K_S file (not the embedding or output).
+        if request.ftype == Ftype::Q2_K_S
+            && to == GgmlType::Q2_K
+            && !matches!(
+                t.name,
+                "token_embd.weight" | "per_layer_token_embd.weight" | "output.weight"
+            )
+        {
+            return Err(QuantizeError::Unsupported(format!(
+                "Q2_K_S requires an importance matrix (tensor '{}' would be Q2_K), as llama-quantize does; this build does not read one yet — use Q2_K, or another preset",
+                t.name
+            )));
+        }
+        if to != t.ty {
+            if !t.ty.is_readable() {
+                return Err(QuantizeError::Unsupported(format!(
+                    "tensor '{}' is {}, which llamay cannot read, so it cannot be converted to {to}",
+                    t.name, t.ty
+                )));
+            }
+            if preset::is_quantized(t.ty) && !request.allow_requantize {
+                return Err(QuantizeError::Unsupported(format!(
+                    "tensor '{}' is already quantised ({}); requantising it to {to} loses precision twice — pass --allow-requantize to do it anyway, or start from an F32/F16/BF16 file",
+                    t.name, t.ty
+                )));
+            }
+            if !to.is_writable() {
+                return Err(QuantizeError::Unsupported(format!(
+                    "tensor '{}' would be {to}, which llamay does not write",
+                    t.name
+                )));
+            }
+        }
+        plans.push(to);
+    }
+
+    let file_type = if request.copy {
+        model
+            .metadata()
+            .get_u64("general.file_type")
+            .ok()
+            .flatten()
+            .map_or_else(|| guessed_file_type(&tensors), |v| v as u32)
+    } else {
+        request.ftype.id()
+    };
     let werr = |source| QuantizeError::Write {
         path: output.to_path_buf(),
         source,
     };
-    let mut saw_file_type = false;
-    let mut saw_qversion = false;
-    for (k, v) in model.metadata().iter() {
-        // A split input becomes one output file.
-        if k.starts_with("split.") {
-            continue;
-        }
-        let v = match k {
-            "general.file_type" => {
-                saw_file_type = true;
-                Value::U32(target.file_type())
-            }
-            "general.quantization_version" => {
-                saw_qversion = true;
-                Value::U32(QUANTIZATION_VERSION)
-            }
-            _ => v.clone(),
-        };
+    let mut kvs: Vec<(&str, Value<'_>)> = model
+        .metadata()
+        .iter()
+        .filter(|(k, _)| !SPLIT_KEYS.contains(k))
+        .map(|(k, v)| (k, v.clone()))
+        .collect();
+    // gguf_set_val_*: an existing key is removed and the new one appended.
+    let mut set = |k: &'static str, v: Value<'static>| {
+        kvs.retain(|(key, _)| *key != k);
+        kvs.push((k, v));
+    };
+    set(
+        "general.quantization_version",
+        Value::U32(QUANTIZATION_VERSION),
+    );
+    set("general.file_type", Value::U32(file_type));
+    for (k, v) in &request.kv {
+        kvs.retain(|(key, _)| key != k);
+        kvs.push((k.as_str(), v.value()));
+    }
+    let mut w = GgufWriter::new();
+    for (k, v) in kvs {
         w.add_kv(k, v).map_err(werr)?;
     }
-    if !saw_qversion {
-        w.add_kv(
-            "general.quantization_version",
-            Value::U32(QUANTIZATION_VERSION),
-        )
-        .map_err(werr)?;
-    }
-    if !saw_file_type {
-        w.add_kv("general.file_type", Value::U32(target.file_type()))
+    for (t, to) in tensors.iter().zip(&plans) {
+        // ggml writes a tensor's ggml_n_dims: trailing dimensions of 1 are dropped (a
+        // [256, 1] input is [256] in llama-quantize's file).
+        let n_dims = t.shape.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
+        w.add_tensor(t.name, *to, &t.shape[..n_dims.min(t.shape.len())])
             .map_err(werr)?;
-    }
-
-    let tensors: Vec<&TensorInfo<'_>> = model.tensors().collect();
-    let mut plans = Vec::with_capacity(tensors.len());
-    for t in &tensors {
-        let (to, note) = tensor_plan(&arch, t.name, &t.shape, t.ty, target);
-        if to != t.ty && !t.ty.is_readable() {
-            return Err(QuantizeError::Unsupported(format!(
-                "tensor '{}' is {}, which llamay cannot read, so it cannot be converted to {to}",
-                t.name, t.ty
-            )));
-        }
-        w.add_tensor(t.name, to, &t.shape).map_err(werr)?;
-        plans.push((to, note));
     }
 
     let tmp = temp_path(output);
@@ -135,12 +254,11 @@ pub fn quantize_file(
     let mut reports = Vec::with_capacity(tensors.len());
     let mut failure: Option<QuantizeError> = None;
     let result = w.write(&mut out, |i| {
-        let t = tensors[i];
-        let (to, note) = &plans[i];
-        let data = if *to == t.ty {
+        let (t, to) = (tensors[i], plans[i]);
+        let data = if to == t.ty {
             Cow::Borrowed(t.data)
         } else {
-            match convert(t, *to, threads) {
+            match convert(t, to, threads) {
                 Ok(d) => Cow::Owned(d),
                 Err(e) => {
                     let msg = e.to_string();
@@ -152,8 +270,8 @@ pub fn quantize_file(
         let r = TensorReport {
             name: t.name.to_string(),
             from: t.ty,
-            to: *to,
-            note: note.clone(),
+            to,
+            note: note(t, to, request),
             n_bytes_in: t.n_bytes,
             n_bytes_out: data.len() as u64,
         };
@@ -170,6 +288,100 @@ pub fn quantize_file(
         return Err(e);
     }
     Ok(reports)
+}
+
+/// The keys llama-quantize removes (`LLM_KV_SPLIT_*`): a split input becomes one file.
+const SPLIT_KEYS: &[&str] = &["split.no", "split.count", "split.tensors.count"];
+
+/// Why a tensor's type is not the file type's default, when it is not.
+fn note(t: &TensorInfo<'_>, to: GgmlType, request: &Request) -> Option<String> {
+    let default = request.ftype.default_type();
+    if request.copy || to == default {
+        return None;
+    }
+    if to == t.ty && !allows_quantization("", t.name, &t.shape, request.overrides.leave_output) {
+        return Some("kept: not a quantised weight".into());
+    }
+    let ne0 = t.shape.first().copied().unwrap_or(1);
+    if ne0 % default.block_size() != 0 {
+        return Some(format!(
+            "row length {ne0} is not a multiple of {} for {default}",
+            default.block_size()
+        ));
+    }
+    Some(format!("{to} by the preset's rules"))
+}
+
+/// llama.cpp's guess of a file's type when it names none (`LLAMA_FTYPE_GUESSED` set):
+/// from the most frequent tensor type, the first to reach that count in its order.
+fn guessed_file_type(tensors: &[&TensorInfo<'_>]) -> u32 {
+    const GUESSED: u32 = 1024;
+    const BY_TYPE: &[(GgmlType, u32)] = &[
+        (GgmlType::F32, 0),
+        (GgmlType::F16, 1),
+        (GgmlType::BF16, 32),
+        (GgmlType::Q4_0, 2),
+        (GgmlType::Q4_1, 3),
+        (GgmlType::Q5_0, 8),
+        (GgmlType::Q5_1, 9),
+        (GgmlType::Q8_0, 7),
+        (GgmlType::Q2_K, 10),
+        (GgmlType::Q3_K, 12),
+        (GgmlType::Q4_K, 15),
+        (GgmlType::Q5_K, 17),
+        (GgmlType::Q6_K, 18),
+        (GgmlType::TQ1_0, 36),
+        (GgmlType::TQ2_0, 37),
+        (GgmlType::IQ2_XXS, 19),
+        (GgmlType::IQ2_XS, 20),
+        (GgmlType::IQ2_S, 28),
+        (GgmlType::IQ3_XXS, 23),
+        (GgmlType::IQ1_S, 24),
+        (GgmlType::IQ1_M, 31),
+        (GgmlType::IQ4_NL, 25),
+        (GgmlType::IQ4_XS, 30),
+        (GgmlType::IQ3_S, 26),
+        (GgmlType::NVFP4, 39),
+    ];
+    let mut counts = std::collections::HashMap::new();
+    let (mut best, mut best_n) = (GgmlType::F32, 0);
+    for t in tensors {
+        let n = counts.entry(t.ty).or_insert(0u32);
+        *n += 1;
+        if *n > best_n {
+            (best, best_n) = (t.ty, *n);
+        }
+    }
+    GUESSED
+        | BY_TYPE
+            .iter()
+            .find(|(t, _)| *t == best)
+            .map_or(0, |(_, f)| *f)
+}
+
+/// The shape facts llama.cpp's rules read, from the metadata.
+fn model_facts(model: &Model<'_>) -> ModelFacts {
+    let md = model.metadata();
+    let arch = md.architecture().ok().flatten().unwrap_or("").to_string();
+    let int = |key: &str| -> Option<u64> {
+        // A per-layer array counts by its first layer (llama.cpp's `n_head(0)`).
+        match md.get(&format!("{arch}.{key}"))? {
+            Value::Array(a) => a.get(0)?.as_u64(),
+            v => v.as_u64(),
+        }
+    };
+    let n_layer = int("block_count").unwrap_or(0) as u32;
+    let n_expert = int("expert_count").unwrap_or(0) as u32;
+    let n_head = int("attention.head_count").unwrap_or(0);
+    let n_head_kv = int("attention.head_count_kv").unwrap_or(n_head);
+    let n_gqa = n_head.checked_div(n_head_kv).unwrap_or(0) as u32;
+    ModelFacts {
+        is_70b: ModelFacts::seventy_b(&arch, n_layer, n_expert, n_gqa),
+        arch,
+        n_layer,
+        n_expert,
+        n_gqa,
+    }
 }
 
 /// llama.cpp's GGML_QNT_VERSION.

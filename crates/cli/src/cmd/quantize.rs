@@ -1,19 +1,45 @@
-//! `llamay quantize IN OUT TYPE`: as llama-quantize --pure, for the plain types.
+//! `llamay quantize [FLAGS] IN [OUT] TYPE [THREADS]`: llama-quantize's presets, flags and
+//! file, byte for byte.
 
 use anyhow::{anyhow, bail};
-use llamay_quantize::{Target, quantize_file};
-use std::path::PathBuf;
+use llamay_quantize::{KvOverride, Request, parse_type, quantize_file};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Input GGUF model.
     input: PathBuf,
-    /// Output GGUF file (written whole, then renamed into place).
-    output: PathBuf,
-    /// Target type: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K.
-    #[arg(value_name = "TYPE")]
-    ty: String,
+    /// Output GGUF file (written whole, then renamed into place), then the type, then
+    /// optionally the thread count — llama-quantize's `IN [OUT] TYPE [THREADS]`; without
+    /// OUT the file is `ggml-model-TYPE.gguf` beside the input.
+    #[arg(value_name = "OUT TYPE [THREADS]", num_args = 1..=3, required = true)]
+    rest: Vec<String>,
+    /// Every quantisable tensor gets TYPE's default type (no per-tensor mixture).
+    #[arg(long)]
+    pure: bool,
+    /// Convert tensors that are already quantised (precision is lost twice).
+    #[arg(long)]
+    allow_requantize: bool,
+    /// Keep output.weight as it is.
+    #[arg(long)]
+    leave_output_tensor: bool,
+    /// The type of output.weight (and of a tied token embedding).
+    #[arg(long, value_name = "TYPE")]
+    output_tensor_type: Option<String>,
+    /// The type of token_embd.weight.
+    #[arg(long, value_name = "TYPE")]
+    token_embedding_type: Option<String>,
+    /// PATTERN=TYPE: tensors whose name matches the regex PATTERN get TYPE (first match
+    /// wins; repeatable).
+    #[arg(long, value_name = "PATTERN=TYPE")]
+    tensor_type: Vec<String>,
+    /// A file of PATTERN=TYPE entries separated by whitespace.
+    #[arg(long, value_name = "FILE")]
+    tensor_type_file: Option<PathBuf>,
+    /// KEY=TYPE:VALUE (TYPE int, float, bool or str): set a metadata key (repeatable).
+    #[arg(long, value_name = "KEY=TYPE:VALUE")]
+    override_kv: Vec<String>,
     /// Importance matrix (llama-imatrix format).
     #[arg(long, value_name = "FILE")]
     imatrix: Option<PathBuf>,
@@ -22,20 +48,82 @@ pub struct Args {
     threads: Option<usize>,
 }
 
+/// (output, type name, threads) from llama-quantize's positional forms.
+fn positionals(input: &Path, rest: &[String]) -> anyhow::Result<(PathBuf, String, Option<usize>)> {
+    let threads = |s: &String| {
+        s.parse::<usize>()
+            .map_err(|_| anyhow!("invalid thread count '{s}'"))
+    };
+    let is_type = |s: &str| llamay_quantize::Ftype::parse(s).is_ok();
+    match rest {
+        [ty] => Ok((default_output(input, ty), ty.clone(), None)),
+        [a, b] if is_type(a) && !is_type(b) && b.parse::<usize>().is_ok() => {
+            Ok((default_output(input, a), a.clone(), Some(threads(b)?)))
+        }
+        [out, ty] => Ok((PathBuf::from(out), ty.clone(), None)),
+        [out, ty, n] => Ok((PathBuf::from(out), ty.clone(), Some(threads(n)?))),
+        _ => bail!("expected IN [OUT] TYPE [THREADS]"),
+    }
+}
+
+/// llama-quantize's name when no output is given: `ggml-model-TYPE.gguf` beside the input.
+fn default_output(input: &Path, ty: &str) -> PathBuf {
+    let name = format!("ggml-model-{}.gguf", ty.to_ascii_uppercase());
+    input
+        .parent()
+        .map_or_else(|| PathBuf::from(&name), |d| d.join(&name))
+}
+
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let target = Target::parse(&args.ty).map_err(|e| anyhow!(e))?;
+    let (output, ty, positional_threads) = positionals(&args.input, &args.rest)?;
+    let mut request = Request::named(&ty).map_err(|e| anyhow!(e))?;
     if args.imatrix.is_some() {
         bail!(
-            "--imatrix is not supported yet: this build writes llama.cpp's reference (unweighted) quantisations; run without --imatrix"
+            "--imatrix is not supported yet: this build writes llama.cpp's unweighted quantisations; run without --imatrix"
         );
     }
-    if args.input == args.output {
+    let o = &mut request.overrides;
+    o.pure = args.pure;
+    o.leave_output = args.leave_output_tensor;
+    o.output = args
+        .output_tensor_type
+        .as_deref()
+        .map(|t| parse_type("--output-tensor-type", t))
+        .transpose()
+        .map_err(|e| anyhow!(e))?;
+    o.token_embedding = args
+        .token_embedding_type
+        .as_deref()
+        .map(|t| parse_type("--token-embedding-type", t))
+        .transpose()
+        .map_err(|e| anyhow!(e))?;
+    let from_file = match &args.tensor_type_file {
+        Some(f) => std::fs::read_to_string(f)
+            .map_err(|e| anyhow!("--tensor-type-file {}: {e}", f.display()))?
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        None => Vec::new(),
+    };
+    for s in args.tensor_type.iter().chain(&from_file) {
+        o.add_tensor_type(s).map_err(|e| anyhow!(e))?;
+    }
+    request.allow_requantize = args.allow_requantize;
+    for s in &args.override_kv {
+        request
+            .kv
+            .push(KvOverride::parse(s).map_err(|e| anyhow!(e))?);
+    }
+    if args.input == output {
         bail!("input and output are the same file; choose another output path");
     }
-    let threads = crate::session::threads(args.threads)?.0;
+    if output.is_dir() {
+        bail!("{} is a directory; name the output file", output.display());
+    }
+    let threads = crate::session::threads(args.threads.or(positional_threads))?.0;
     let start = Instant::now();
     let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
-    let reports = quantize_file(&args.input, &args.output, target, threads, |r| {
+    let reports = quantize_file(&args.input, &output, &request, threads, |r| {
         bytes_in += r.n_bytes_in;
         bytes_out += r.n_bytes_out;
         let note = r
@@ -51,13 +139,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     })?;
     eprintln!(
-        "quantized {} tensors to {}: {:.2} MiB -> {:.2} MiB in {:.1} s; wrote {}",
+        "quantized {} tensors as {}: {:.2} MiB -> {:.2} MiB in {:.1} s; wrote {}",
         reports.len(),
-        target.ty,
+        ty.to_ascii_uppercase(),
         bytes_in as f64 / (1 << 20) as f64,
         bytes_out as f64 / (1 << 20) as f64,
         start.elapsed().as_secs_f64(),
-        args.output.display()
+        output.display()
     );
     Ok(())
 }

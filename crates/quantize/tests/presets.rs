@@ -1,0 +1,76 @@
+//! Every preset llamay writes, on the architecture fixtures, gives llama-quantize
+//! b11434's file byte for byte: the sha256 of llama-quantize's output for each
+//! (fixture, source F32/F16, preset) is recorded in `data/presets.json` by
+//! `scripts/check-quantize-vs-llamacpp --record` (which runs both tools side by side);
+//! here llamay's output must hash the same, and a preset llama-quantize refuses must be
+//! refused. The fixtures are generated (scripts/gen-arch-fixtures, sha256-pinned by the
+//! engine's parity test) into `$LLAMAY_FIXTURES`.
+
+use llamay_quantize::{Request, quantize_file};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+
+fn fixtures_dir() -> PathBuf {
+    std::env::var_os("LLAMAY_FIXTURES").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/llamay/fixtures"),
+        PathBuf::from,
+    )
+}
+
+#[test]
+fn every_preset_is_llama_quantizes_file_byte_for_byte() {
+    let recorded: Value =
+        serde_json::from_str(include_str!("data/presets.json")).expect("presets.json");
+    let dir = fixtures_dir();
+    if !dir.join("llama-F32.gguf").exists() {
+        assert!(
+            std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_none(),
+            "fixtures missing in {}: scripts/gen-arch-fixtures",
+            dir.display()
+        );
+        eprintln!(
+            "skipped: no fixtures in {} (scripts/gen-arch-fixtures)",
+            dir.display()
+        );
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("llamay-presets-{}.gguf", std::process::id()));
+    let (mut same, mut refused) = (0, 0);
+    let mut differ = Vec::new();
+    for o in recorded["outputs"].as_array().unwrap() {
+        let (fixture, source, preset) = (
+            o["fixture"].as_str().unwrap(),
+            o["source"].as_str().unwrap(),
+            o["preset"].as_str().unwrap(),
+        );
+        let input = dir.join(format!("{fixture}-{source}.gguf"));
+        let request = Request::named(preset).unwrap();
+        let result = quantize_file(&input, &out, &request, 2, |_| {});
+        let what = format!("{fixture}-{source} {preset}");
+        match (result, o["sha256"].as_str()) {
+            (Ok(_), Some(want)) => {
+                let got = format!("{:x}", Sha256::digest(std::fs::read(&out).unwrap()));
+                if got == want {
+                    same += 1;
+                } else {
+                    differ.push(format!("{what}: {got} vs llama-quantize's {want}"));
+                }
+            }
+            (Err(_), None) => refused += 1,
+            (Ok(_), None) => differ.push(format!(
+                "{what}: llama-quantize refused it, llamay wrote it"
+            )),
+            (Err(e), Some(_)) => differ.push(format!("{what}: llamay refused: {e}")),
+        }
+    }
+    let _ = std::fs::remove_file(&out);
+    eprintln!("{same} outputs byte-identical to llama-quantize's, {refused} refused by both");
+    assert!(
+        differ.is_empty(),
+        "{} differ:\n{}",
+        differ.len(),
+        differ.join("\n")
+    );
+    assert!(same > 0);
+}
