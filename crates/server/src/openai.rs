@@ -212,6 +212,14 @@ fn tool_calls_json(calls: &[ToolCall], from: usize) -> Value {
     )
 }
 
+/// A chat request made ready: its model, fields, rendered prompt and the engine's request.
+pub(crate) struct Prepared {
+    pub(crate) model: Arc<Loaded>,
+    pub(crate) c: Common,
+    pub(crate) prompt: generate::ChatPrompt,
+    pub(crate) g: Generation,
+}
+
 /// A checked `/v1/chat/completions` body: every field read and range-checked before a
 /// model is touched (the `server_request` fuzz target runs this on arbitrary JSON).
 pub struct ChatRequest {
@@ -227,14 +235,12 @@ impl ChatRequest {
     /// The messages through `model`'s chat template, the answer read as OpenAI reads it
     /// (content under a `response_format`, calls where tools force or allow them), and
     /// the engine's request for that prompt. Chat completions and Responses share it.
-    pub(crate) fn prepare(
-        self,
-        model: &Loaded,
-    ) -> std::result::Result<(Common, generate::ChatPrompt, Generation), ApiError> {
+    pub(crate) async fn prepare(self, s: &AppState) -> std::result::Result<Prepared, ApiError> {
+        let model = s.registry.get(&self.c.name).await.map_err(ApiError::from)?;
         let asked = self.grammar.is_some();
         let (c, tools) = (self.c, self.tools);
         let mut prompt = generate::chat_prompt(
-            model,
+            &model,
             &c.name,
             &self.messages,
             &tools,
@@ -248,7 +254,12 @@ impl ChatRequest {
             self.logprobs,
             true,
         );
-        Ok((c, prompt, g))
+        Ok(Prepared {
+            model,
+            c,
+            prompt,
+            g,
+        })
     }
 
     pub fn parse(body: &Map<String, Value>) -> std::result::Result<Self, ApiError> {
@@ -370,13 +381,12 @@ struct Choice {
 async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
-    let request = ChatRequest::parse(&body)?;
-    let model = s
-        .registry
-        .get(&request.c.name)
-        .await
-        .map_err(ApiError::from)?;
-    let (c, prompt, g) = request.prepare(&model)?;
+    let Prepared {
+        model,
+        c,
+        prompt,
+        g,
+    } = ChatRequest::parse(&body)?.prepare(&s).await?;
     let logprobs = g.logprobs;
     let n = c.n;
     let rx = submit_n(&model, &s, g, n).await?;

@@ -473,14 +473,13 @@ pub fn parse(body: &Map<String, Value>) -> std::result::Result<ChatRequest, ApiE
 pub async fn create(axum::extract::State(s): State, body: Body) -> Result<Response> {
     let start = Instant::now();
     let body = body_object(&s, body).await?;
-    let request = parse(&body)?;
-    let model = s
-        .registry
-        .get(&request.c.name)
-        .await
-        .map_err(ApiError::from)?;
     // Responses has no `logprobs` (as_chat does not carry it): the request's is None.
-    let (c, prompt, g) = request.prepare(&model)?;
+    let crate::openai::Prepared {
+        model,
+        c,
+        prompt,
+        g,
+    } = parse(&body)?.prepare(&s).await?;
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let mut b = Builder {
         response: skeleton(&body, &new_id("resp"), unix_now(), &c.name),
