@@ -16,6 +16,7 @@
 //! weighted sum of values in f32. Only the order of the softmax's operations differs
 //! from a plain softmax (the division comes last).
 
+use crate::device::AttentionShape;
 use crate::kv::{LayerKv, first_seen as first};
 use llamay_formats::GgmlType;
 use llamay_kernels::attn_tile::{KvRows, Next, TILE, pv_tile, scores_tile, softmax_row};
@@ -25,14 +26,8 @@ use std::sync::OnceLock;
 /// What one layer's attention computes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Shape<'s> {
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim_k: usize,
-    pub head_dim_v: usize,
-    /// Multiplies Q·K.
-    pub scale: f32,
-    /// `s ↦ c·tanh(s/c)` after the scale.
-    pub softcap: Option<f32>,
+    /// The heads' geometry, scale and soft-cap (what a device is given too).
+    pub heads: AttentionShape,
     /// Sliding window: a token at position `p` sees positions `p + 1 - w ..= p`.
     pub window: Option<usize>,
     /// Attention sinks (gpt-oss): one logit per head, already scaled, that joins each
@@ -200,7 +195,11 @@ pub(crate) fn attention_with(
     q: &[f32],
     pool: &ThreadPool,
 ) -> Vec<f32> {
-    let (nh, nkv, hv) = (shape.n_head, shape.n_head_kv, shape.head_dim_v);
+    let (nh, nkv, hv) = (
+        shape.heads.n_head,
+        shape.heads.n_head_kv,
+        shape.heads.head_dim_v,
+    );
     let group = nh / nkv;
     let blocks = blocks(batch, tuning.block.max(1));
     let segment = tuning.segment.max(1).next_multiple_of(TILE);
@@ -370,8 +369,12 @@ fn run_task(
     heads: &std::ops::Range<usize>,
     range: std::ops::Range<usize>,
 ) -> Partial {
-    let (nh, hk, hv) = (shape.n_head, shape.head_dim_k, shape.head_dim_v);
-    let kvh = heads.start / (nh / shape.n_head_kv);
+    let (nh, hk, hv) = (
+        shape.heads.n_head,
+        shape.heads.head_dim_k,
+        shape.heads.head_dim_v,
+    );
+    let kvh = heads.start / (nh / shape.heads.n_head_kv);
     let group = heads.len();
     let rows = block.n * group;
     // Query rows `i * group + g`: token `block.t0 + i`, head `heads.start + g`.
@@ -462,7 +465,14 @@ fn run_task(
                 let srow: &mut [f32; TILE] = (&mut s[r * TILE..(r + 1) * TILE])
                     .try_into()
                     .expect("a score row is TILE long");
-                let c = softmax_row(srow, a..b, shape.scale, shape.softcap, &mut m[r], &mut l[r]);
+                let c = softmax_row(
+                    srow,
+                    a..b,
+                    shape.heads.scale,
+                    shape.heads.softcap,
+                    &mut m[r],
+                    &mut l[r],
+                );
                 if c != 1.0 {
                     acc[r * hv..(r + 1) * hv].iter_mut().for_each(|x| *x *= c);
                 }
@@ -493,13 +503,17 @@ mod tests {
     /// Plain attention in f64 over the cache's (rounded) keys and values, the query
     /// rounded as the cache's score product reads it.
     fn reference(shape: &Shape<'_>, views: &[LayerKv<'_>], batch: &[Slot], q: &[f32]) -> Vec<f64> {
-        let (nh, hk, hv) = (shape.n_head, shape.head_dim_k, shape.head_dim_v);
-        let group = nh / shape.n_head_kv;
+        let (nh, hk, hv) = (
+            shape.heads.n_head,
+            shape.heads.head_dim_k,
+            shape.heads.head_dim_v,
+        );
+        let group = nh / shape.heads.n_head_kv;
         let mut out = vec![0f64; batch.len() * nh * hv];
         for (t, bt) in batch.iter().enumerate() {
             let kv = &views[bt.seq];
             let n = bt.end;
-            let (ks, vs) = (shape.n_head_kv * hk, shape.n_head_kv * hv);
+            let (ks, vs) = (shape.heads.n_head_kv * hk, shape.heads.n_head_kv * hv);
             let keys: Vec<Vec<f32>> = (0..n).map(|p| kv.key_row(p)).collect();
             let mut values = vec![0f32; n * vs];
             for p in 0..n {
@@ -524,8 +538,8 @@ mod tests {
                             .zip(k)
                             .map(|(a, b)| f64::from(*a) * f64::from(*b))
                             .sum();
-                        let s = d * f64::from(shape.scale);
-                        match shape.softcap {
+                        let s = d * f64::from(shape.heads.scale);
+                        match shape.heads.softcap {
                             Some(c) => (s / f64::from(c)).tanh() * f64::from(c),
                             None => s,
                         }
@@ -596,12 +610,14 @@ mod tests {
             .collect();
         let bidirectional = mode == Mode::Bidirectional;
         let shape = Shape {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim_k: hk,
-            head_dim_v: hv,
-            scale: 1.5 / (hk as f32).sqrt(),
-            softcap,
+            heads: AttentionShape {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim_k: hk,
+                head_dim_v: hv,
+                scale: 1.5 / (hk as f32).sqrt(),
+                softcap,
+            },
             window,
             sinks: (mode == Mode::Sinks).then_some(&sinks[..]),
         };
@@ -755,12 +771,14 @@ mod tests {
     #[test]
     fn one_token_at_long_context_gets_one_task_per_segment() {
         let shape = Shape {
-            n_head: 4,
-            n_head_kv: 1,
-            head_dim_k: 256,
-            head_dim_v: 256,
-            scale: 1.0,
-            softcap: None,
+            heads: AttentionShape {
+                n_head: 4,
+                n_head_kv: 1,
+                head_dim_k: 256,
+                head_dim_v: 256,
+                scale: 1.0,
+                softcap: None,
+            },
             window: None,
             sinks: None,
         };
@@ -802,9 +820,13 @@ mod tests {
         q: &[f32],
         pool: &ThreadPool,
     ) -> Vec<f32> {
-        let (nh, hk, hv) = (shape.n_head, shape.head_dim_k, shape.head_dim_v);
-        let group = nh / shape.n_head_kv;
-        let (kdim, vdim) = (shape.n_head_kv * hk, shape.n_head_kv * hv);
+        let (nh, hk, hv) = (
+            shape.heads.n_head,
+            shape.heads.head_dim_k,
+            shape.heads.head_dim_v,
+        );
+        let group = nh / shape.heads.n_head_kv;
+        let (kdim, vdim) = (shape.heads.n_head_kv * hk, shape.heads.n_head_kv * hv);
         let parts = crate::tensor::parallel_ranges(batch.len() * nh, pool, |range| {
             let mut out = vec![0f32; range.len() * hv];
             let mut scores = Vec::new();
@@ -819,7 +841,7 @@ mod tests {
                 scores.clear();
                 for p in lo..=bt.pos {
                     let k = &keys[p * kdim + kvh * hk..p * kdim + (kvh + 1) * hk];
-                    scores.push(llamay_kernels::dot_f32(&qbuf, k) * shape.scale);
+                    scores.push(llamay_kernels::dot_f32(&qbuf, k) * shape.heads.scale);
                 }
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0f64;
@@ -926,12 +948,14 @@ mod tests {
                 }
                 let reps = reps * env("LLAMAY_BENCH_REPS", 1);
                 let shape = Shape {
-                    n_head: nh,
-                    n_head_kv: nkv,
-                    head_dim_k: hd,
-                    head_dim_v: hd,
-                    scale: 0.0625,
-                    softcap: None,
+                    heads: AttentionShape {
+                        n_head: nh,
+                        n_head_kv: nkv,
+                        head_dim_k: hd,
+                        head_dim_v: hd,
+                        scale: 0.0625,
+                        softcap: None,
+                    },
                     window,
                     sinks: None,
                 };

@@ -509,6 +509,18 @@ impl Config {
         self.n_head * self.head_dim_k
     }
 
+    /// One layer's attention heads, scale and soft-cap (the CPU's and a device's).
+    pub fn attention_shape(&self) -> crate::device::AttentionShape {
+        crate::device::AttentionShape {
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim_k: self.head_dim_k,
+            head_dim_v: self.head_dim_v,
+            scale: self.attn_scale,
+            softcap: self.attn_softcap,
+        }
+    }
+
     pub fn k_dim(&self) -> usize {
         self.n_head_kv * self.head_dim_k
     }

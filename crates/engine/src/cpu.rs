@@ -413,12 +413,7 @@ impl Model<'_> {
     ) -> Vec<f32> {
         let cfg = &self.config;
         let shape = Shape {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim_k: cfg.head_dim_k,
-            head_dim_v: cfg.head_dim_v,
-            scale: cfg.attn_scale,
-            softcap: cfg.attn_softcap,
+            heads: cfg.attention_shape(),
             window: (swa && cfg.n_swa > 0).then_some(cfg.n_swa),
             sinks,
         };

@@ -12,7 +12,7 @@ use crate::attention::Slot;
 use crate::backend::Backend;
 use crate::context::{Context, ContextError, ContextParams};
 use crate::device::{
-    AttentionShape, CacheType, Device, DeviceBuf, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
+    CacheType, Device, DeviceBuf, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
 };
 use crate::forward::Scratch;
 use crate::kv::{KvPool, KvPrecision, PAGE, SeqId, first_seen};
@@ -668,14 +668,7 @@ impl Backend for OnDevice<'_, '_> {
     ) {
         let cfg = &self.model.config;
         let n = self.n;
-        let shape = AttentionShape {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim_k: cfg.head_dim_k,
-            head_dim_v: cfg.head_dim_v,
-            scale: cfg.attn_scale,
-            softcap: cfg.attn_softcap,
-        };
+        let shape = cfg.attention_shape();
         self.step(|st| {
             st.dev.run(&Op::KvWrite {
                 k: buf(k)?,
