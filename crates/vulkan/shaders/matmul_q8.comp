@@ -5,8 +5,18 @@
 // W stays in the file's block layout. Per block the integer sum is exact; the blocks
 // are folded in order, acc += (dw * da) * sumi without contraction, as llamay's
 // portable kernel folds them: one invocation per (row, token) gives the CPU's bits.
+// With -DDOT4 each four products are one packed 4x8-bit signed dot product
+// (VK_KHR_shader_integer_dot_product's OpSDot, written through GL_EXT_spirv_intrinsics:
+// Debian's glslc has no GL_EXT_integer_dot_product): the same integers, so the same bits.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
+#if defined(DOT4)
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot (4450) on two 32-bit words of four signed bytes (packed format 0),
+// capabilities DotProduct (6019) and DotProductInput4x8BitPacked (6018).
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4(int a, int b, spirv_literal int packed_format);
+#endif
 
 #if defined(W_Q8_0)
 #define BLOCK_BYTES 34u
@@ -47,6 +57,21 @@ int weight(uint blk, uint j) {
 #endif
 }
 
+#if defined(DOT4)
+// Weights 4k..4k+3 of the block as four signed bytes.
+int weights4(uint blk, uint k) {
+#if defined(W_Q8_0)
+    return int(U32_AT(w, blk + 2u + 4u * k));
+#else
+    uint packed = 0u;
+    for (uint j = 0u; j < 4u; j++) {
+        packed |= (uint(weight(blk, 4u * k + j)) & 0xFFu) << (8u * j);
+    }
+    return int(packed);
+#endif
+}
+#endif
+
 void main() {
     uint r = gl_GlobalInvocationID.x;
     uint t = gl_GlobalInvocationID.y;
@@ -61,10 +86,14 @@ void main() {
         int sumi = 0;
         for (uint k = 0u; k < 8u; k++) {
             uint a4 = aq[ab * 8u + k];
+#if defined(DOT4)
+            sumi += sdot4(weights4(blk, k), int(a4), 0);
+#else
             for (uint j = 0u; j < 4u; j++) {
                 int a = int(a4 << (24u - 8u * j)) >> 24;
                 sumi += weight(blk, 4u * k + j) * a;
             }
+#endif
         }
         precise float scale = f16_to_f32(U16_AT(w, blk)) * ad[ab];
         precise float prod = scale * float(sumi);

@@ -278,7 +278,17 @@ fn failed(e: VulkanError) -> DeviceError {
 impl Device for VulkanDevice {
     fn describe(&self) -> String {
         let i = self.gpu.info();
-        format!("{} ({}, Vulkan {})", i.name, i.kind.name(), i.api_version)
+        let dot = if self.gpu.integer_dot() {
+            ", integer dot products"
+        } else {
+            ""
+        };
+        format!(
+            "{} ({}, Vulkan {}{dot})",
+            i.name,
+            i.kind.name(),
+            i.api_version
+        )
     }
 
     fn declines(&self, ty: GgmlType) -> Option<String> {

@@ -50,6 +50,8 @@ const MAX_BINDINGS: u32 = 8;
 
 pub struct Gpu {
     info: DeviceInfo,
+    /// The packed-dot-product kernels are in use (VK_KHR_shader_integer_dot_product).
+    dot4: bool,
     // Field order is drop order where it matters: `Drop` destroys everything made from
     // the device, then the device, then the instance; the entry (the loader) last.
     instance: ash::Instance,
@@ -76,8 +78,16 @@ pub struct Gpu {
 unsafe impl Send for Gpu {}
 
 impl Gpu {
-    /// Opens device `index` of `probe()`'s list.
+    /// Opens device `index` of `probe()`'s list, with packed integer dot products
+    /// where the device has them (unless `LLAMAY_VULKAN_DOT4=0`).
     pub fn open(index: usize) -> Result<Gpu, VulkanError> {
+        let allowed = std::env::var("LLAMAY_VULKAN_DOT4").map_or(true, |v| v != "0");
+        Self::open_with(index, allowed)
+    }
+
+    /// Opens device `index`; `integer_dot` allows the packed-dot-product kernels (a test
+    /// compares both paths on one device).
+    pub fn open_with(index: usize, integer_dot: bool) -> Result<Gpu, VulkanError> {
         let entry = probe::load_entry()?;
         let instance = probe::create_instance(&entry)?;
         let chosen = Self::choose(&instance, index);
@@ -92,7 +102,7 @@ impl Gpu {
         };
         // From here the Gpu owns the instance: on a failure its `Drop` destroys
         // whatever exists, the instance last, before the loader is closed.
-        Self::open_on(entry, instance, pd, info, family)
+        Self::open_on(entry, instance, pd, info, family, integer_dot)
     }
 
     /// Device `index` of the instance, if it can compute: (device, what it is, its
@@ -123,12 +133,29 @@ impl Gpu {
         pd: vk::PhysicalDevice,
         info: DeviceInfo,
         family: u32,
+        integer_dot: bool,
     ) -> Result<Gpu, VulkanError> {
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(family)
             .queue_priorities(&priorities)];
-        let create = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        // Packed 4x8-bit dot products: the extension listed and its feature on.
+        let dot4 = integer_dot && info.extensions.contains(&probe::INTEGER_DOT_PRODUCT) && {
+            let mut f = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut f);
+            // SAFETY: a physical device of this instance (Vulkan 1.1: features2 is core).
+            unsafe { instance.get_physical_device_features2(pd, &mut f2) };
+            f.shader_integer_dot_product == vk::TRUE
+        };
+        let extensions = [c"VK_KHR_shader_integer_dot_product".as_ptr()];
+        let mut enable = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default()
+            .shader_integer_dot_product(true);
+        let mut create = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        if dot4 {
+            create = create
+                .enabled_extension_names(&extensions)
+                .push_next(&mut enable);
+        }
         // SAFETY: `create` and what it points to live across the call.
         let device = match unsafe { instance.create_device(pd, &create, None) } {
             Ok(d) => d,
@@ -149,6 +176,7 @@ impl Gpu {
         let props = unsafe { instance.get_physical_device_properties(pd) };
         let mut gpu = Gpu {
             info,
+            dot4,
             instance,
             device,
             queue,
@@ -198,6 +226,11 @@ impl Gpu {
         self.descriptor_pool =
             unsafe { d.create_descriptor_pool(&dp, None) }.check("vkCreateDescriptorPool")?;
         Ok(())
+    }
+
+    /// Whether matmuls use packed 4x8-bit integer dot products.
+    pub fn integer_dot(&self) -> bool {
+        self.dot4
     }
 
     pub fn info(&self) -> &DeviceInfo {

@@ -13,6 +13,11 @@ pub enum Kernel {
     MatmulQ4_0,
     /// Q5_0 weights.
     MatmulQ5_0,
+    /// The same three with packed 4x8-bit integer dot products (`-DDOT4`), for a
+    /// device with VK_KHR_shader_integer_dot_product.
+    MatmulQ8_0Dot4,
+    MatmulQ4_0Dot4,
+    MatmulQ5_0Dot4,
     /// Float weights times f32 activations (`matmul_float.comp -DW_F32/F16/BF16`).
     MatmulF32,
     MatmulF16,
@@ -53,11 +58,14 @@ pub(crate) struct KernelSpec {
     pub local_size: u32,
 }
 
-pub(crate) const ALL: [Kernel; 22] = [
+pub(crate) const ALL: [Kernel; 25] = [
     Kernel::QuantizeQ8_0,
     Kernel::MatmulQ8_0,
     Kernel::MatmulQ4_0,
     Kernel::MatmulQ5_0,
+    Kernel::MatmulQ8_0Dot4,
+    Kernel::MatmulQ4_0Dot4,
+    Kernel::MatmulQ5_0Dot4,
     Kernel::MatmulF32,
     Kernel::MatmulF16,
     Kernel::MatmulBF16,
@@ -79,6 +87,16 @@ pub(crate) const ALL: [Kernel; 22] = [
 ];
 
 impl Kernel {
+    /// The packed-dot-product twin of a kernel, where it has one.
+    pub(crate) fn dot4(self) -> Option<Kernel> {
+        match self {
+            Kernel::MatmulQ8_0 => Some(Kernel::MatmulQ8_0Dot4),
+            Kernel::MatmulQ4_0 => Some(Kernel::MatmulQ4_0Dot4),
+            Kernel::MatmulQ5_0 => Some(Kernel::MatmulQ5_0Dot4),
+            _ => None,
+        }
+    }
+
     pub(crate) fn index(self) -> usize {
         ALL.iter().position(|&k| k == self).unwrap_or(0)
     }
@@ -106,6 +124,9 @@ impl Kernel {
             Kernel::MatmulQ8_0 => matmul(include_bytes!("../shaders/spv/matmul_q8_0.spv")),
             Kernel::MatmulQ4_0 => matmul(include_bytes!("../shaders/spv/matmul_q4_0.spv")),
             Kernel::MatmulQ5_0 => matmul(include_bytes!("../shaders/spv/matmul_q5_0.spv")),
+            Kernel::MatmulQ8_0Dot4 => matmul(include_bytes!("../shaders/spv/matmul_q8_0_dot4.spv")),
+            Kernel::MatmulQ4_0Dot4 => matmul(include_bytes!("../shaders/spv/matmul_q4_0_dot4.spv")),
+            Kernel::MatmulQ5_0Dot4 => matmul(include_bytes!("../shaders/spv/matmul_q5_0_dot4.spv")),
             Kernel::MatmulF32 => plain(include_bytes!("../shaders/spv/matmul_f32.spv"), 3, 6),
             Kernel::MatmulF16 => plain(include_bytes!("../shaders/spv/matmul_f16.spv"), 3, 6),
             Kernel::MatmulBF16 => plain(include_bytes!("../shaders/spv/matmul_bf16.spv"), 3, 6),

@@ -95,11 +95,16 @@ impl Gpu {
         cols: usize,
         bytes: &[u8],
     ) -> Result<DeviceMatrix, VulkanError> {
-        let Some(&(_, kernel)) = WEIGHT_KERNELS.iter().find(|&&(t, _)| t == ty) else {
+        let Some(&(_, plain)) = WEIGHT_KERNELS.iter().find(|&&(t, _)| t == ty) else {
             return Err(VulkanError::Declined {
                 tensor: name.to_string(),
                 reason: declines(ty).unwrap_or_default(),
             });
+        };
+        // The packed-dot-product twin where the device has it: the same integers.
+        let kernel = match plain.dot4() {
+            Some(k) if self.integer_dot() => k,
+            _ => plain,
         };
         let expect = ty
             .bytes_for(cols as u64)

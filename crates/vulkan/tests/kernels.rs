@@ -99,9 +99,33 @@ fn quantize_q8_0_gives_ggml_cpus_bytes() -> Result<(), VulkanError> {
     Ok(())
 }
 
+/// Both matmul paths — packed 4x8-bit integer dot products (where the device has
+/// VK_KHR_shader_integer_dot_product: lavapipe does) and the plain one — give the CPU
+/// kernels' bits.
 #[test]
 fn matmul_equals_the_cpu_kernels_bit_for_bit() -> Result<(), VulkanError> {
-    let Some(mut gpu) = gpu() else { return Ok(()) };
+    let Some(index) = common::device_index() else {
+        return Ok(());
+    };
+    for integer_dot in [true, false] {
+        let mut gpu = Gpu::open_with(index, integer_dot)?;
+        let has = gpu
+            .info()
+            .extensions
+            .contains(&llamay_vulkan::INTEGER_DOT_PRODUCT);
+        assert_eq!(
+            gpu.integer_dot(),
+            integer_dot && has,
+            "{}",
+            gpu.info().describe()
+        );
+        eprintln!("integer dot products: {}", gpu.integer_dot());
+        matmuls_equal_the_cpu(&mut gpu)?;
+    }
+    Ok(())
+}
+
+fn matmuls_equal_the_cpu(gpu: &mut Gpu) -> Result<(), VulkanError> {
     let (rows, cols) = (70, 320);
     for ty in common::QUANTISED {
         let (rows, cols) = if ty.block_size() == 256 {
