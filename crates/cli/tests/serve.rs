@@ -300,6 +300,135 @@ fn serve_the_frameworks_work_as_their_readmes_show() {
     run_script(&s, &py, "frameworks.py", &[]);
 }
 
+/// Open WebUI (0.12.4, its server without the local-ML extras: scripts/test installs it,
+/// `LLAMAY_OPENWEBUI` names the venv), running on a free port in front of a server
+/// through its Ollama or its OpenAI connection; killed and its data removed on drop.
+struct OpenWebUi {
+    child: Child,
+    base: String,
+    data: PathBuf,
+}
+
+impl OpenWebUi {
+    fn start(venv: &Path, backend: &str, mode: &str) -> OpenWebUi {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let data =
+            std::env::temp_dir().join(format!("llamay-openwebui-{}-{mode}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data);
+        std::fs::create_dir_all(&data).unwrap();
+        let log = std::fs::File::create(data.join("open-webui.log")).unwrap();
+        let mut cmd = Command::new(venv.join("bin/open-webui"));
+        cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .env("DATA_DIR", &data)
+            // Its slim mode: no local embedding model or vector store.
+            .env("USE_SLIM_DOCKER", "true")
+            .env("OFFLINE_MODE", "true")
+            .env("HF_HUB_OFFLINE", "1")
+            .env("ENABLE_VERSION_UPDATE_CHECK", "false")
+            .env("ANONYMIZED_TELEMETRY", "false")
+            .env("DO_NOT_TRACK", "true")
+            .env("WEBUI_SECRET_KEY", "llamay-test")
+            // Title generation asks for 1000 tokens unless bounded.
+            .env("TASK_MODEL_PARAMS", r#"{"max_tokens":48}"#)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        if mode == "ollama" {
+            cmd.env("ENABLE_OLLAMA_API", "true")
+                .env("OLLAMA_BASE_URL", backend)
+                .env("ENABLE_OPENAI_API", "false");
+        } else {
+            cmd.env("ENABLE_OLLAMA_API", "false")
+                .env("ENABLE_OPENAI_API", "true")
+                .env("OPENAI_API_BASE_URL", format!("{backend}/v1"))
+                .env("OPENAI_API_KEY", "none");
+        }
+        let ui = OpenWebUi {
+            child: cmd.spawn().expect("start open-webui"),
+            base: format!("http://127.0.0.1:{port}"),
+            data,
+        };
+        let t = Instant::now();
+        let healthy = |base: &str| {
+            client()
+                .get(format!("{base}/health"))
+                .send()
+                .is_ok_and(|r| r.status().is_success())
+        };
+        while !healthy(&ui.base) {
+            assert!(
+                t.elapsed() < Duration::from_secs(180),
+                "Open WebUI did not start:\n{}",
+                ui.log()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        eprintln!(
+            "Open WebUI ({mode}) ready in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        ui
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.data.join("open-webui.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for OpenWebUi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+/// A chat UI driven through its own HTTP API: Open WebUI, as its browser front end
+/// drives it (tests/serve/openwebui.py), in front of `llamay serve` through its Ollama
+/// connection and through its OpenAI one.
+#[test]
+fn serve_open_webui_works_through_its_own_api() {
+    let (Some(g), Some(venv)) = (
+        gemma(),
+        llamay_synth::reference::path(
+            "LLAMAY_OPENWEBUI",
+            "a venv with open-webui 0.12.4 and tests/serve/openwebui-requirements.txt (scripts/test makes one)",
+        ),
+    ) else {
+        return;
+    };
+    let (s, _) = serve_gemma(&g, None);
+    for mode in ["ollama", "openai"] {
+        let ui = OpenWebUi::start(&venv, &s.base, mode);
+        let out = Command::new(venv.join("bin/python"))
+            .arg(data("serve/openwebui.py"))
+            .args([ui.base.as_str(), "gemma3:270m", mode])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        print!("{stdout}");
+        assert!(
+            out.status.success(),
+            "openwebui.py {mode} failed:\n{stdout}\n{}\nOpen WebUI's log (tail):\n{}\nserver log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            ui.log()
+                .lines()
+                .rev()
+                .take(40)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n"),
+            s.log.lock().unwrap()
+        );
+    }
+}
+
 /// `n` choices share one prefill: the later ones fork the first's prompt while it is
 /// still generating, so every prompt token but the last comes from the cache for them
 /// (with each request prefilling alone, none would).
