@@ -464,6 +464,86 @@ fn serve_n_choices_share_the_prompts_prefill() {
     );
 }
 
+/// A prompt longer than the context, as Ollama answers it (Open WebUI's default tools
+/// alone are 7.6k tokens): /api/chat drops the oldest messages (never the system one or
+/// the last), then the prompt is cut keeping its first `num_keep` tokens and its end,
+/// leaving room for the answer; `truncate: false` and the OpenAI routes refuse it,
+/// naming both sizes.
+#[test]
+fn serve_ollama_routes_cut_a_prompt_beyond_the_context() {
+    let Some(g) = gemma() else {
+        return;
+    };
+    let s = Serve::start(&[
+        "-m",
+        g.to_str().unwrap(),
+        "--alias",
+        "gemma",
+        "--chat-template",
+        "gemma",
+        "-c",
+        "256",
+    ]);
+    let turn = "Tell me again about the harbour, the boats and the long grey winter. ";
+    let mut messages = vec![json!({"role": "system", "content": "You answer briefly."})];
+    for i in 0..12 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": turn.repeat(2)}));
+    }
+    messages.push(json!({"role": "user", "content": "Name a colour."}));
+    let options = json!({"num_predict": 8, "temperature": 0});
+    let (st, v) = s.post(
+        "/api/chat",
+        &json!({"model": "gemma", "messages": messages, "stream": false, "options": options}),
+    );
+    assert_eq!(st, 200, "{v}");
+    // Room for the 8 tokens asked for: at most 248 prompt tokens.
+    let n = v["prompt_eval_count"].as_u64().unwrap();
+    assert!(n <= 248 && n > 100, "{v}");
+    assert!(
+        s.log
+            .lock()
+            .unwrap()
+            .contains("oldest messages dropped to fit num_ctx 256")
+    );
+
+    let long = turn.repeat(40);
+    let (st, v) = s.post(
+        "/api/generate",
+        &json!({"model": "gemma", "prompt": long, "stream": false, "options": options}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["prompt_eval_count"], 248, "{v}");
+    assert!(
+        s.log
+            .lock()
+            .unwrap()
+            .contains("truncated to 248 to fit num_ctx 256 (kept the first 4")
+    );
+
+    for (route, body) in [
+        (
+            "/api/generate",
+            json!({"model": "gemma", "prompt": long, "truncate": false, "options": options}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": "gemma", "messages": messages, "truncate": false, "stream": false}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "gemma", "messages": messages, "max_tokens": 8}),
+        ),
+    ] {
+        let (st, v) = s.post(route, &body);
+        assert_eq!(st, 400, "{route}: {v}");
+        assert!(
+            v.to_string().contains("the context holds 256"),
+            "{route}: {v}"
+        );
+    }
+}
+
 /// Pooled embeddings against llama.cpp's (llama-server --embeddings --pooling mean, f32
 /// cache, exact attention; scripts/gen-embed-expected). llama.cpp's own default run
 /// (flash attention, which rounds to f16) is 0.998-0.9999 in cosine from that exact

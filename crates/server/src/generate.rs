@@ -28,6 +28,24 @@ pub struct Generation {
     pub render_special: bool,
     /// Generate past end-of-generation tokens (llama-server's `ignore_eos`; benchmarks).
     pub ignore_eos: bool,
+    /// A prompt longer than the context is cut, as Ollama's runner cuts it, keeping this
+    /// many tokens at its start and the rest from its end; `None`: refused (OpenAI's
+    /// routes, Ollama's with `truncate: false`).
+    pub truncate_keep: Option<usize>,
+}
+
+/// The positions a request's sequence may use: its `num_ctx`, clamped to the server's
+/// `--ctx-size` as Ollama clamps it to its runner's.
+pub fn context_of(model: &Loaded, requested: Option<usize>) -> usize {
+    let server_ctx = model.scheduler.config().n_ctx;
+    requested.map_or(server_ctx, |n| n.min(server_ctx))
+}
+
+/// The most prompt tokens a cut prompt keeps in a context of `n_ctx`: the rest is room
+/// for the answer (up to `max_tokens`, at most a quarter of the context; Ollama's runner
+/// instead shifts the context as the answer grows, which llamay does not do).
+pub fn prompt_room(n_ctx: usize, max_tokens: usize) -> usize {
+    n_ctx - max_tokens.min(n_ctx / 4).max(1)
 }
 
 /// A chat prompt: its tokens, how the model's answer will be marked up, and the
@@ -133,6 +151,22 @@ pub fn submit(model: &Loaded, g: Generation) -> Result<UnboundedReceiver<Event>,
             "prompt",
             format!("token id {t} is outside the vocabulary [0, {n_vocab})"),
         ));
+    }
+    let mut g = g;
+    if g.prompt.len() >= n_ctx
+        && let Some(keep) = g.truncate_keep
+    {
+        let room = prompt_room(n_ctx, g.max_tokens);
+        if keep < room {
+            let cut = g.prompt.len() - room;
+            eprintln!(
+                "llamay serve: {}: prompt of {} tokens truncated to {room} to fit num_ctx {n_ctx} (kept the first {keep} and the last {})",
+                model.name,
+                g.prompt.len(),
+                room - keep
+            );
+            g.prompt.drain(keep..keep + cut);
+        }
     }
     if g.prompt.len() >= n_ctx {
         return Err(ApiError::bad(format!(

@@ -80,6 +80,8 @@ pub struct Options {
     max_tokens: usize,
     stop: Vec<String>,
     n_ctx: Option<usize>,
+    /// See `Generation::truncate_keep`.
+    truncate_keep: Option<usize>,
 }
 
 impl Options {
@@ -100,6 +102,7 @@ impl Options {
             n_ctx: self.n_ctx,
             render_special,
             ignore_eos: false,
+            truncate_keep: self.truncate_keep,
         }
     }
 }
@@ -123,8 +126,17 @@ fn options(body: &Map<String, Value>) -> Result<Options, ApiError> {
         seed: o.seed("seed")?.unwrap_or_else(params::random_seed),
     };
     params.validate().map_err(ApiError::bad)?;
+    // Ollama cuts a prompt longer than the context unless `truncate: false`, keeping
+    // `num_keep` tokens (4 by default) at its start; -1 keeps them all, so nothing can
+    // be cut.
+    let truncate = Fields::top(body).bool("truncate")?.unwrap_or(true);
+    let truncate_keep = match o.int("num_keep", -1, 1 << 30)? {
+        _ if !truncate => None,
+        Some(-1) => None,
+        Some(k) => Some(k as usize),
+        None => Some(4),
+    };
     // Accepted and range-checked; llamay has no use for them (one CPU, no GPU layers).
-    o.int("num_keep", -1, 1 << 30)?;
     o.int("num_thread", 0, 1 << 16)?;
     o.int("num_batch", 0, 1 << 30)?;
     o.int("num_gpu", -1, 1 << 16)?;
@@ -139,6 +151,7 @@ fn options(body: &Map<String, Value>) -> Result<Options, ApiError> {
         max_tokens,
         stop: o.strings("stop")?,
         n_ctx,
+        truncate_keep,
     })
 }
 
@@ -580,7 +593,41 @@ async fn chat(axum::extract::State(s): State, body: Body) -> Result<Response, Ap
         .into_response());
     }
     check_thinking(&name, model.format.as_ref(), &kwargs)?;
-    let prompt = generate::chat_prompt(&model, &name, &messages, &tools, grammar, kwargs)?;
+    let render = |messages: &[Message]| {
+        generate::chat_prompt(
+            &model,
+            &name,
+            messages,
+            &tools,
+            grammar.clone(),
+            kwargs.clone(),
+        )
+    };
+    let mut prompt = render(&messages)?;
+    // As Ollama's chatPrompt: a conversation longer than the context loses its oldest
+    // messages (never a system message, never the last one) before the runner cuts
+    // tokens (generate::submit).
+    if opts.truncate_keep.is_some() {
+        let n_ctx = generate::context_of(&model, opts.n_ctx);
+        let room = generate::prompt_room(n_ctx, opts.max_tokens);
+        let mut kept = messages.clone();
+        while prompt.tokens.len() > room {
+            let Some(i) = kept[..kept.len() - 1]
+                .iter()
+                .position(|m| m.role != "system")
+            else {
+                break;
+            };
+            kept.remove(i);
+            prompt = render(&kept)?;
+        }
+        if kept.len() < messages.len() {
+            eprintln!(
+                "llamay serve: {name}: the conversation's {} oldest messages dropped to fit num_ctx {n_ctx}",
+                messages.len() - kept.len()
+            );
+        }
+    }
     let g = opts.generation(prompt.tokens.clone(), prompt.grammar.clone(), true);
     let rx = generate::submit(&model, g).map_err(|e| s.rejected(e))?;
     let st = s.clone();

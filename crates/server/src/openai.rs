@@ -75,6 +75,8 @@ impl Common {
             n_ctx: None,
             render_special,
             ignore_eos: self.ignore_eos,
+            // OpenAI and llama-server refuse a prompt longer than the context.
+            truncate_keep: None,
         }
     }
 }
