@@ -769,9 +769,12 @@ fn serve_hostile_requests_get_named_errors() {
         (404, Some("not_found_error")),
         "{v}"
     );
-    // A prompt longer than the context: an error saying so, never a silent cut.
+    // A prompt longer than the context with truncate: false: an error saying so (by
+    // default Ollama's routes cut it, logged: serve_ollama_routes_cut_…).
     let long = "word ".repeat(400);
-    let (st, v) = s.post("/api/generate", &greedy(&long, 4));
+    let mut body = greedy(&long, 4);
+    body["truncate"] = json!(false);
+    let (st, v) = s.post("/api/generate", &body);
     assert_eq!(st, 400, "{v}");
     assert!(
         v["error"].as_str().unwrap().contains("context holds 256"),
