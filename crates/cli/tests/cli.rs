@@ -1,6 +1,8 @@
 //! The command-line contract (docs/cli.md) for info, dump and quantize: output
 //! shapes, exit codes, one `error:` line on failure, never a panic.
 
+mod common;
+
 use llamay_formats::GgmlType;
 use llamay_gguf::{GgufWriter, Value};
 use llamay_synth::TempPath;
@@ -616,4 +618,47 @@ fn detokenize_is_exact_unless_asked_to_clean_spaces() {
     };
     assert_eq!(detok(&[]), text);
     assert_eq!(detok(&["--clean-spaces"]), "Hello, world. It's here!");
+}
+
+/// llama-quantize's flags (`--pure`, `--leave-output-tensor`, `--output-tensor-type`,
+/// `--token-embedding-type`, `--tensor-type`, `--override-kv`, `--prune-layers`) give its
+/// file byte for byte: the sha256 of llama-quantize b11434's output for each case is
+/// recorded in `data/quantize-flags.json` by `scripts/check-quantize-vs-llamacpp
+/// --flag-cases`, which runs both tools; here the same command line must hash the same.
+#[test]
+fn quantize_flags_give_llama_quantizes_file() {
+    use sha2::Digest;
+    let doc: Json = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quantize-flags.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let out = temp("quantize-flags-out.gguf");
+    let mut checked = 0;
+    for case in doc["cases"].as_array().unwrap() {
+        let input = common::fixture(&format!("{}-F32.gguf", case["fixture"].as_str().unwrap()));
+        let flags: Vec<&str> = (case["flags"].as_array().unwrap().iter())
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        let preset = case["preset"].as_str().unwrap();
+        let mut args = vec!["quantize"];
+        args.extend(&flags);
+        args.extend([input.to_str().unwrap(), out.to_str().unwrap(), preset, "1"]);
+        let o = llamay(&args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let got = format!("{:x}", sha2::Sha256::digest(std::fs::read(&out).unwrap()));
+        assert_eq!(
+            got,
+            case["sha256"].as_str().unwrap(),
+            "{args:?}: not llama-quantize's file"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 60);
 }

@@ -82,6 +82,8 @@ pub struct Request {
     pub allow_requantize: bool,
     /// `--override-kv`, in order.
     pub kv: Vec<(String, KvOverride)>,
+    /// `--prune-layers`: blocks left out (the later ones renumbered).
+    pub prune: Vec<u32>,
 }
 
 impl Request {
@@ -94,6 +96,7 @@ impl Request {
             overrides: Overrides::default(),
             allow_requantize: false,
             kv: Vec::new(),
+            prune: Vec::new(),
         })
     }
 }
@@ -145,8 +148,22 @@ pub fn quantize_file(
         ));
     }
     let facts = model_facts(&model);
-    let mut tensors: Vec<&TensorInfo<'_>> = model.tensors().collect();
-    tensors.sort_by(|a, b| tensor_order(a.name, b.name));
+    let mut all: Vec<&TensorInfo<'_>> = model.tensors().collect();
+    all.sort_by(|a, b| tensor_order(a.name, b.name));
+    // The input's file type, for COPY (llama.cpp's loader reads or guesses it from
+    // every tensor, pruned ones included).
+    let input_file_type = model
+        .metadata()
+        .get_u64("general.file_type")
+        .ok()
+        .flatten()
+        .map_or_else(|| guessed_file_type(&all), |v| v as u32);
+    // --prune-layers: the pruned blocks' tensors dropped, the later blocks renumbered.
+    let mut prune = preset::Pruning::new(&request.prune);
+    let tensors: Vec<(&TensorInfo<'_>, String)> = all
+        .iter()
+        .filter_map(|t| prune.rename(t.name).map(|n| (*t, n)))
+        .collect();
 
     // The types first (llama.cpp plans every tensor before it writes one).
     let mut planner = Planner::new(
@@ -154,12 +171,12 @@ pub fn quantize_file(
         request.copy,
         &facts,
         &request.overrides,
-        tensors.iter().map(|t| t.name),
+        tensors.iter().map(|(_, n)| n.as_str()),
     );
     let mut plans = Vec::with_capacity(tensors.len());
-    for t in &tensors {
+    for (t, name) in &tensors {
         let to = planner
-            .plan(t.name, &t.shape, t.ty)
+            .plan(name, &t.shape, t.ty)
             .map_err(QuantizeError::Unsupported)?;
         // llama.cpp's tensor_requires_imatrix for the types llamay writes: a Q2_K
         // matrix of a Q2_K_S file (not the embedding or output).
@@ -199,12 +216,7 @@ pub fn quantize_file(
     }
 
     let file_type = if request.copy {
-        model
-            .metadata()
-            .get_u64("general.file_type")
-            .ok()
-            .flatten()
-            .map_or_else(|| guessed_file_type(&tensors), |v| v as u32)
+        input_file_type
     } else {
         request.ftype.id()
     };
@@ -232,15 +244,20 @@ pub fn quantize_file(
         kvs.retain(|(key, _)| key != k);
         kvs.push((k.as_str(), v.value()));
     }
+    let block_count = format!("{}.block_count", facts.arch);
+    if let Some(n) = prune.block_count() {
+        kvs.retain(|(key, _)| *key != block_count);
+        kvs.push((block_count.as_str(), Value::U32(n)));
+    }
     let mut w = GgufWriter::new();
     for (k, v) in kvs {
         w.add_kv(k, v).map_err(werr)?;
     }
-    for (t, to) in tensors.iter().zip(&plans) {
+    for ((t, name), to) in tensors.iter().zip(&plans) {
         // ggml writes a tensor's ggml_n_dims: trailing dimensions of 1 are dropped (a
         // [256, 1] input is [256] in llama-quantize's file).
         let n_dims = t.shape.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
-        w.add_tensor(t.name, *to, &t.shape[..n_dims.min(t.shape.len())])
+        w.add_tensor(name, *to, &t.shape[..n_dims.min(t.shape.len())])
             .map_err(werr)?;
     }
 
@@ -254,7 +271,7 @@ pub fn quantize_file(
     let mut reports = Vec::with_capacity(tensors.len());
     let mut failure: Option<QuantizeError> = None;
     let result = w.write(&mut out, |i| {
-        let (t, to) = (tensors[i], plans[i]);
+        let ((t, name), to) = (&tensors[i], plans[i]);
         let data = if to == t.ty {
             Cow::Borrowed(t.data)
         } else {
@@ -268,7 +285,7 @@ pub fn quantize_file(
             }
         };
         let r = TensorReport {
-            name: t.name.to_string(),
+            name: name.clone(),
             from: t.ty,
             to,
             note: note(t, to, request),

@@ -651,6 +651,61 @@ pub fn layer_of(name: &str) -> Option<i64> {
     digits[..end].parse::<i64>().ok().map(|v| sign * v)
 }
 
+/// `--prune-layers` (llama.cpp's `remap_layer`): a tensor of a pruned block is left out;
+/// a later block takes the next free number, in the order tensors are met.
+pub struct Pruning {
+    pruned: Vec<u32>,
+    /// Block → its new number, `None` when pruned.
+    mapped: std::collections::BTreeMap<u64, Option<u64>>,
+    next: u64,
+}
+
+impl Pruning {
+    pub fn new(pruned: &[u32]) -> Self {
+        let mut pruned = pruned.to_vec();
+        pruned.sort_unstable();
+        pruned.dedup();
+        Pruning {
+            pruned,
+            mapped: Default::default(),
+            next: 0,
+        }
+    }
+
+    /// The tensor's name in the output, or `None` when its block is pruned.
+    pub fn rename(&mut self, name: &str) -> Option<String> {
+        let Some(&first) = self.pruned.first() else {
+            return Some(name.to_string());
+        };
+        // The first `blk.<digits>.` anywhere in the name, as llama.cpp's regex finds it.
+        let Some((at, digits)) = name.match_indices("blk.").find_map(|(at, _)| {
+            let rest = &name[at + 4..];
+            let n = rest.bytes().take_while(u8::is_ascii_digit).count();
+            (n > 0 && rest[n..].starts_with('.')).then(|| (at + 4, &rest[..n]))
+        }) else {
+            return Some(name.to_string());
+        };
+        let blk: u64 = digits.parse().ok()?;
+        let new = *self.mapped.entry(blk).or_insert_with(|| {
+            if self.pruned.iter().any(|&p| u64::from(p) == blk) {
+                None
+            } else if blk < u64::from(first) {
+                self.next = blk + 1;
+                Some(blk)
+            } else {
+                self.next += 1;
+                Some(self.next - 1)
+            }
+        });
+        new.map(|n| format!("{}{n}{}", &name[..at], &name[at + digits.len()..]))
+    }
+
+    /// The output's block count, when blocks were pruned.
+    pub fn block_count(&self) -> Option<u32> {
+        (!self.pruned.is_empty()).then_some(self.next as u32)
+    }
+}
+
 /// llama.cpp's tensor order (`weight_name_comparer`): by the `blk.N.` layer (-1 for
 /// none), then by name, bytewise.
 pub fn tensor_order(a: &str, b: &str) -> std::cmp::Ordering {

@@ -40,6 +40,9 @@ pub struct Args {
     /// KEY=TYPE:VALUE (TYPE int, float, bool or str): set a metadata key (repeatable).
     #[arg(long, value_name = "KEY=TYPE:VALUE")]
     override_kv: Vec<String>,
+    /// Leave these blocks out (comma-separated numbers; the later blocks renumbered).
+    #[arg(long, value_name = "N,N,...")]
+    prune_layers: Option<String>,
     /// Importance matrix (llama-imatrix format).
     #[arg(long, value_name = "FILE")]
     imatrix: Option<PathBuf>,
@@ -109,6 +112,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         o.add_tensor_type(s).map_err(|e| anyhow!(e))?;
     }
     request.allow_requantize = args.allow_requantize;
+    if let Some(list) = &args.prune_layers {
+        for id in list.split(',') {
+            let n = id
+                .trim()
+                .parse::<u32>()
+                .map_err(|_| anyhow!("--prune-layers: invalid layer id '{id}'"))?;
+            request.prune.push(n);
+        }
+    }
     for s in &args.override_kv {
         request
             .kv
