@@ -661,4 +661,32 @@ fn quantize_flags_give_llama_quantizes_file() {
         checked += 1;
     }
     assert_eq!(checked, 60);
+
+    // --dry-run: the same plan and sizes, nothing written.
+    let input = common::fixture("llama-F32.gguf");
+    let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    let _ = std::fs::remove_file(&out);
+    let dry = llamay(&["quantize", "--dry-run", i, o, "Q4_K_M"]);
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    assert!(!out.exists(), "a dry run writes nothing");
+    let real = llamay(&["quantize", i, o, "Q4_K_M"]);
+    let lines = |o: &Output| -> Vec<String> {
+        String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .filter(|l| l.contains(" -> "))
+            .map(|l| {
+                l.split(" in ")
+                    .next()
+                    .unwrap()
+                    .replace("dry run: ", "")
+                    .replace("quantized ", "")
+            })
+            .map(|l| l.split("; ").next().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(lines(&dry), lines(&real));
 }

@@ -84,6 +84,8 @@ pub struct Request {
     pub kv: Vec<(String, KvOverride)>,
     /// `--prune-layers`: blocks left out (the later ones renumbered).
     pub prune: Vec<u32>,
+    /// `--dry-run`: plan and report the sizes, write nothing.
+    pub dry_run: bool,
 }
 
 impl Request {
@@ -97,6 +99,7 @@ impl Request {
             allow_requantize: false,
             kv: Vec::new(),
             prune: Vec::new(),
+            dry_run: false,
         })
     }
 }
@@ -180,7 +183,9 @@ pub fn quantize_file(
             .map_err(QuantizeError::Unsupported)?;
         // llama.cpp's tensor_requires_imatrix for the types llamay writes: a Q2_K
         // matrix of a Q2_K_S file (not the embedding or output).
+        // A dry run only reports (llama-quantize warns that an imatrix will be needed).
         if request.ftype == Ftype::Q2_K_S
+            && !request.dry_run
             && to == GgmlType::Q2_K
             && !matches!(
                 t.name,
@@ -199,7 +204,7 @@ pub fn quantize_file(
                     t.name, t.ty
                 )));
             }
-            if preset::is_quantized(t.ty) && !request.allow_requantize {
+            if preset::is_quantized(t.ty) && !request.allow_requantize && !request.dry_run {
                 return Err(QuantizeError::Unsupported(format!(
                     "tensor '{}' is already quantised ({}); requantising it to {to} loses precision twice — pass --allow-requantize to do it anyway, or start from an F32/F16/BF16 file",
                     t.name, t.ty
@@ -261,6 +266,27 @@ pub fn quantize_file(
             .map_err(werr)?;
     }
 
+    if request.dry_run {
+        // llama-quantize's --dry-run: the plan and its sizes, nothing written.
+        let reports = tensors
+            .iter()
+            .zip(&plans)
+            .map(|((t, name), &to)| TensorReport {
+                name: name.clone(),
+                from: t.ty,
+                to,
+                note: note(t, to, request),
+                n_bytes_in: t.n_bytes,
+                n_bytes_out: if to == t.ty {
+                    t.n_bytes
+                } else {
+                    to.bytes_for(t.n_elements).unwrap_or(0)
+                },
+            })
+            .inspect(|r| report(r))
+            .collect();
+        return Ok(reports);
+    }
     let tmp = temp_path(output);
     let io = |source| QuantizeError::Io {
         path: tmp.clone(),

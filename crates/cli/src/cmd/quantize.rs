@@ -43,6 +43,9 @@ pub struct Args {
     /// Leave these blocks out (comma-separated numbers; the later blocks renumbered).
     #[arg(long, value_name = "N,N,...")]
     prune_layers: Option<String>,
+    /// Print each tensor's type and the sizes; write nothing.
+    #[arg(long)]
+    dry_run: bool,
     /// Importance matrix (llama-imatrix format).
     #[arg(long, value_name = "FILE")]
     imatrix: Option<PathBuf>,
@@ -112,6 +115,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         o.add_tensor_type(s).map_err(|e| anyhow!(e))?;
     }
     request.allow_requantize = args.allow_requantize;
+    request.dry_run = args.dry_run;
     if let Some(list) = &args.prune_layers {
         for id in list.split(',') {
             let n = id
@@ -150,14 +154,23 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             r.to.name()
         );
     })?;
-    eprintln!(
-        "quantized {} tensors as {}: {:.2} MiB -> {:.2} MiB in {:.1} s; wrote {}",
-        reports.len(),
-        ty.to_ascii_uppercase(),
+    let (mib_in, mib_out) = (
         bytes_in as f64 / (1 << 20) as f64,
         bytes_out as f64 / (1 << 20) as f64,
-        start.elapsed().as_secs_f64(),
-        output.display()
     );
+    let ty = ty.to_ascii_uppercase();
+    if args.dry_run {
+        eprintln!(
+            "dry run: {} tensors as {ty}: {mib_in:.2} MiB -> {mib_out:.2} MiB; nothing written",
+            reports.len()
+        );
+    } else {
+        eprintln!(
+            "quantized {} tensors as {ty}: {mib_in:.2} MiB -> {mib_out:.2} MiB in {:.1} s; wrote {}",
+            reports.len(),
+            start.elapsed().as_secs_f64(),
+            output.display()
+        );
+    }
     Ok(())
 }
