@@ -181,17 +181,8 @@ pub fn quantize_file(
         let to = planner
             .plan(name, &t.shape, t.ty)
             .map_err(QuantizeError::Unsupported)?;
-        // llama.cpp's tensor_requires_imatrix for the types llamay writes: a Q2_K
-        // matrix of a Q2_K_S file (not the embedding or output).
         // A dry run only reports (llama-quantize warns that an imatrix will be needed).
-        if request.ftype == Ftype::Q2_K_S
-            && !request.dry_run
-            && to == GgmlType::Q2_K
-            && !matches!(
-                t.name,
-                "token_embd.weight" | "per_layer_token_embd.weight" | "output.weight"
-            )
-        {
+        if !request.dry_run && preset::requires_imatrix(name, to, request.ftype) {
             return Err(QuantizeError::Unsupported(format!(
                 "Q2_K_S requires an importance matrix (tensor '{}' would be Q2_K), as llama-quantize does; this build does not read one yet — use Q2_K, or another preset",
                 t.name
@@ -261,27 +252,30 @@ pub fn quantize_file(
     for ((t, name), to) in tensors.iter().zip(&plans) {
         // ggml writes a tensor's ggml_n_dims: trailing dimensions of 1 are dropped (a
         // [256, 1] input is [256] in llama-quantize's file).
-        let n_dims = t.shape.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
-        w.add_tensor(name, *to, &t.shape[..n_dims.min(t.shape.len())])
-            .map_err(werr)?;
+        let n_dims = preset::n_dims(&t.shape).min(t.shape.len());
+        w.add_tensor(name, *to, &t.shape[..n_dims]).map_err(werr)?;
     }
 
+    let report_of = |t: &TensorInfo<'_>, name: &str, to: GgmlType, n_bytes_out: u64| TensorReport {
+        name: name.to_string(),
+        from: t.ty,
+        to,
+        note: note(&facts.arch, t, to, request),
+        n_bytes_in: t.n_bytes,
+        n_bytes_out,
+    };
     if request.dry_run {
         // llama-quantize's --dry-run: the plan and its sizes, nothing written.
         let reports = tensors
             .iter()
             .zip(&plans)
-            .map(|((t, name), &to)| TensorReport {
-                name: name.clone(),
-                from: t.ty,
-                to,
-                note: note(t, to, request),
-                n_bytes_in: t.n_bytes,
-                n_bytes_out: if to == t.ty {
+            .map(|((t, name), &to)| {
+                let bytes = if to == t.ty {
                     t.n_bytes
                 } else {
                     to.bytes_for(t.n_elements).unwrap_or(0)
-                },
+                };
+                report_of(t, name, to, bytes)
             })
             .inspect(|r| report(r))
             .collect();
@@ -310,14 +304,7 @@ pub fn quantize_file(
                 }
             }
         };
-        let r = TensorReport {
-            name: name.clone(),
-            from: t.ty,
-            to,
-            note: note(t, to, request),
-            n_bytes_in: t.n_bytes,
-            n_bytes_out: data.len() as u64,
-        };
+        let r = report_of(t, name, to, data.len() as u64);
         report(&r);
         reports.push(r);
         Ok(data)
@@ -337,12 +324,12 @@ pub fn quantize_file(
 const SPLIT_KEYS: &[&str] = &["split.no", "split.count", "split.tensors.count"];
 
 /// Why a tensor's type is not the file type's default, when it is not.
-fn note(t: &TensorInfo<'_>, to: GgmlType, request: &Request) -> Option<String> {
+fn note(arch: &str, t: &TensorInfo<'_>, to: GgmlType, request: &Request) -> Option<String> {
     let default = request.ftype.default_type();
     if request.copy || to == default {
         return None;
     }
-    if to == t.ty && !allows_quantization("", t.name, &t.shape, request.overrides.leave_output) {
+    if to == t.ty && !allows_quantization(arch, t.name, &t.shape, request.overrides.leave_output) {
         return Some("kept: not a quantised weight".into());
     }
     let ne0 = t.shape.first().copied().unwrap_or(1);
@@ -418,13 +405,7 @@ fn model_facts(model: &Model<'_>) -> ModelFacts {
     let n_head = int("attention.head_count").unwrap_or(0);
     let n_head_kv = int("attention.head_count_kv").unwrap_or(n_head);
     let n_gqa = n_head.checked_div(n_head_kv).unwrap_or(0) as u32;
-    ModelFacts {
-        is_70b: ModelFacts::seventy_b(&arch, n_layer, n_expert, n_gqa),
-        arch,
-        n_layer,
-        n_expert,
-        n_gqa,
-    }
+    ModelFacts::new(&arch, n_layer, n_expert, n_gqa)
 }
 
 /// llama.cpp's GGML_QNT_VERSION.

@@ -155,7 +155,7 @@ pub fn is_quantized(t: GgmlType) -> bool {
     )
 }
 
-/// The model's shape facts the rules read (`llama_hparams`, `llm_type`).
+/// The model's shape facts the rules read (`llama_hparams`, `llm_type`, `llm_arch`).
 #[derive(Clone, Debug, Default)]
 pub struct ModelFacts {
     pub arch: String,
@@ -165,25 +165,42 @@ pub struct ModelFacts {
     pub n_expert: u32,
     /// Query heads per key/value head in layer 0 (0 when it has no key/value heads).
     pub n_gqa: u32,
-    /// llama.cpp names the model `LLM_TYPE_70B` (see `seventy_b`).
+    /// llama.cpp names the model `LLM_TYPE_70B` (see `SEVENTY_B`).
     pub is_70b: bool,
+    /// The architecture gets llama.cpp's Falcon rules (see `FALCON_RULES`).
+    pub falcon_rules: bool,
 }
 
 /// The architectures whose loader calls a depth `LLM_TYPE_70B` (llama.cpp's
-/// `src/models/*.cpp`): (architecture, block count). Llama's 80 blocks are 65B instead
-/// when every head has its own key/value head, and an 8-expert Llama is never 70B.
-const SEVENTY_B: &[(&str, u32)] = &[
-    ("llama", 80),
-    ("qwen2", 80),
-    ("deci", 80),
-    ("olmo", 80),
-    ("jais2", 68),
+/// `src/models/*.cpp`): (architecture, block count, whether Llama's exceptions apply —
+/// 80 blocks are 65B when every head has its own key/value head, and an 8-expert model
+/// is typed by its experts instead).
+const SEVENTY_B: &[(&str, u32, bool)] = &[
+    ("llama", 80, true),
+    ("qwen2", 80, false),
+    ("deci", 80, false),
+    ("olmo", 80, false),
+    ("jais2", 68, false),
 ];
 
+/// The architectures llama-quant.cpp compares with `LLM_ARCH_FALCON`: the output always
+/// Q8_0, its own ffn_down and attn_output rules.
+const FALCON_RULES: &[&str] = &["falcon"];
+
 impl ModelFacts {
-    /// Whether llama.cpp's loader types this shape `LLM_TYPE_70B`.
-    pub fn seventy_b(arch: &str, n_layer: u32, n_expert: u32, n_gqa: u32) -> bool {
-        SEVENTY_B.contains(&(arch, n_layer)) && !(arch == "llama" && (n_expert == 8 || n_gqa == 1))
+    /// The facts, with what llama.cpp derives from them by architecture.
+    pub fn new(arch: &str, n_layer: u32, n_expert: u32, n_gqa: u32) -> Self {
+        let is_70b = SEVENTY_B.iter().any(|&(a, blocks, llama_exceptions)| {
+            a == arch && blocks == n_layer && !(llama_exceptions && (n_expert == 8 || n_gqa == 1))
+        });
+        ModelFacts {
+            arch: arch.to_string(),
+            n_layer,
+            n_expert,
+            n_gqa,
+            is_70b,
+            falcon_rules: FALCON_RULES.contains(&arch),
+        }
     }
 }
 
@@ -306,7 +323,7 @@ const NEVER_QUANTISED_IN: &[(&str, &[&str])] = &[(
 const NEVER_QUANTISED_NAMES: &[&str] = &["position_embd.weight", "token_types.weight"];
 
 /// ggml's `ggml_n_dims`: trailing dimensions of 1 do not count.
-fn n_dims(shape: &[u64]) -> usize {
+pub(crate) fn n_dims(shape: &[u64]) -> usize {
     shape.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1)
 }
 
@@ -348,6 +365,14 @@ fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
     } else {
         GgmlType::F16
     }
+}
+
+/// llama.cpp's `tensor_requires_imatrix` for the types llamay writes: a Q2_K matrix of
+/// a Q2_K_S file, the embedding and the output excepted.
+pub(crate) fn requires_imatrix(name: &str, to: GgmlType, ftype: Ftype) -> bool {
+    ftype == Ftype::Q2_K_S
+        && to == GgmlType::Q2_K
+        && !matches!(category(name), Category::Output | Category::TokenEmbd)
 }
 
 /// What the user asked for beside the file type (llama-quantize's flags).
@@ -503,7 +528,7 @@ impl<'a> Planner<'a> {
         use GgmlType as T;
         let f = self.ftype;
         let facts = self.facts;
-        let falcon = facts.arch == "falcon";
+        let falcon = facts.falcon_rules;
         let mut ty = default;
         if cat == Category::Output || (self.tied_embeddings && cat == Category::TokenEmbd) {
             if let Some(t) = self.overrides.output {
@@ -721,13 +746,7 @@ mod tests {
     use super::*;
 
     fn facts(n_layer: u32, n_gqa: u32) -> ModelFacts {
-        ModelFacts {
-            arch: "llama".into(),
-            n_layer,
-            n_expert: 0,
-            n_gqa,
-            is_70b: false,
-        }
+        ModelFacts::new("llama", n_layer, 0, n_gqa)
     }
 
     fn plan_all(ftype: Ftype, facts: &ModelFacts, names: &[(&str, &[u64])]) -> Vec<GgmlType> {

@@ -123,25 +123,19 @@ pub fn submit(model: &Loaded, g: Generation) -> Result<UnboundedReceiver<Event>,
             "this model ({arch}) is an embedding model: it computes embeddings (/api/embed, /v1/embeddings), not text"
         )));
     }
-    let server_ctx = model.scheduler.config().n_ctx;
-    let n_ctx = match g.n_ctx {
-        // As Ollama does: clamped to what the runner holds (clients send the training
-        // context from /api/show on every call), and said once per model.
-        Some(n) if n > server_ctx => {
-            if !model
-                .num_ctx_clamped
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                eprintln!(
-                    "llamay serve: {}: num_ctx {n} is more than --ctx-size {server_ctx}; clamped to {server_ctx} (said once)",
-                    model.name
-                );
-            }
-            server_ctx
-        }
-        Some(n) => n,
-        None => server_ctx,
-    };
+    let n_ctx = context_of(model, g.n_ctx);
+    // As Ollama does: clamped to what the runner holds (clients send the training
+    // context from /api/show on every call), and said once per model.
+    if let Some(n) = g.n_ctx.filter(|&n| n > n_ctx)
+        && !model
+            .num_ctx_clamped
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        eprintln!(
+            "llamay serve: {}: num_ctx {n} is more than --ctx-size {n_ctx}; clamped to {n_ctx} (said once)",
+            model.name
+        );
+    }
     if g.prompt.is_empty() {
         return Err(ApiError::bad("the prompt has no tokens"));
     }
