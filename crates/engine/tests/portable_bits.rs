@@ -79,13 +79,12 @@ fn tokens_of(f: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn logits_sha256(path: &Path, tokens: &[u32]) -> String {
+fn logits_sha256(path: &Path, tokens: &[u32], threads: Threads) -> String {
     let mapped = MappedModel::open(path).unwrap();
     let gguf = mapped.parse().unwrap();
-    let model =
-        Model::load(&gguf, Threads(2)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let model = Model::load(&gguf, threads).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut ctx = model
-        .context(ContextParams::new(Threads(2), KvPrecision::F32, 64))
+        .context(ContextParams::new(threads, KvPrecision::F32, 64))
         .unwrap();
     let s0 = ctx.new_sequence();
     let batch: Vec<BatchToken> = (tokens.iter().enumerate())
@@ -123,12 +122,36 @@ fn portable_logits_are_the_same_bits_on_every_target() {
         serde_json::from_str(&std::fs::read_to_string(&committed_path).unwrap()).unwrap()
     };
     let dir = fixtures_dir();
+    let fixtures = doc["fixtures"].as_array().unwrap();
+    // The fixtures are tiny: one model per core at a time (each on one thread) keeps
+    // every core busy, which matters most under qemu.
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut got: Vec<(usize, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(f) = fixtures.get(i) else { break };
+                        let path = dir.join(f["file"].as_str().unwrap());
+                        mine.push((i, logits_sha256(&path, &tokens_of(f), Threads(1))));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    got.sort();
     let mut hashes = Map::new();
     let mut differ = Vec::new();
-    for f in doc["fixtures"].as_array().unwrap() {
-        let name = f["file"].as_str().unwrap();
-        let tokens = tokens_of(f);
-        let got = logits_sha256(&dir.join(name), &tokens);
+    for (i, got) in got {
+        let name = fixtures[i]["file"].as_str().unwrap();
         if !bless && committed["fixtures"][name].as_str() != Some(got.as_str()) {
             differ.push(name.to_string());
         }
@@ -149,7 +172,8 @@ fn portable_logits_are_the_same_bits_on_every_target() {
                 mapped.parse().unwrap().big_endian(),
                 "{name}: not big-endian"
             );
-            if committed["fixtures"][name].as_str() != Some(logits_sha256(&path, &tokens).as_str())
+            if committed["fixtures"][name].as_str()
+                != Some(logits_sha256(&path, &tokens, Threads(2)).as_str())
             {
                 differ.push(format!("big-endian {name}"));
             }
