@@ -1,7 +1,9 @@
 //! The 256-element super-block K-quants: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K.
 //! Dequantisers follow llama.cpp's `dequantize_row_*`; quantisers follow
 //! `quantize_row_*_ref` with the scale searches they call (`make_qx_quants`,
-//! `make_q3_quants`, `make_qkx2_quants`), float operation for float operation.
+//! `make_q3_quants`, `make_qkx2_quants`), float operation for float operation, and the
+//! importance-weighted `quantize_row_*_impl` (`make_qkx3_quants`, `make_qp_quants`,
+//! weighted `make_qx_quants`) that `llama-quantize --imatrix` runs.
 
 use crate::fp16::{read_f16, write_f16};
 use crate::num::nearest_int;
@@ -167,22 +169,26 @@ fn signed_absmax(x: &[f32]) -> (f32, f32) {
     (max, amax)
 }
 
-/// ggml's `make_qx_quants` with `rmse_type == 1` and no importance weights (the only
-/// way the reference quantisers call it): symmetric levels in `[0, 2*nmax)` and the
-/// scale that minimises x²-weighted error over 19 trial scales.
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+/// ggml's `make_qx_quants` with `rmse_type == 1`: symmetric levels in `[0, 2*nmax)` and
+/// the scale that minimises the weighted error over 19 trial scales. The weights are
+/// `qw` when given (the importance-weighted paths), else x² (the reference quantisers).
+pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
     let (max, amax) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         l_out.iter_mut().for_each(|l| *l = 0);
         return 0.0;
     }
     let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let weight = |i: usize, v: f32| match qw {
+        Some(qw) => qw[i],
+        None => v * v,
+    };
     let mut iscale = -(nmax as f32) / max;
     let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-    for (l_o, &v) in l_out.iter_mut().zip(x) {
+    for (i, (l_o, &v)) in l_out.iter_mut().zip(x).enumerate() {
         let l = level(iscale, v);
         *l_o = (l + nmax) as i8;
-        let w = v * v;
+        let w = weight(i, v);
         sumlx += w * v * l as f32;
         suml2 += w * l as f32 * l as f32;
     }
@@ -195,9 +201,9 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
         iscale = -(nmax as f32 + 0.1 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let l = level(iscale, v);
-            let w = v * v;
+            let w = weight(i, v);
             sumlx += w * v * l as f32;
             suml2 += w * l as f32 * l as f32;
         }
@@ -341,6 +347,191 @@ fn make_qkx2_quants(
     (scale, -min)
 }
 
+/// ggml's `make_qkx3_quants` (always called with weights on the paths llamay runs):
+/// `make_qkx2_quants`' search over `nstep + 1` trial scales, guarded against levels
+/// that the best-so-far offset would push out of range. Returns `(scale, -min)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn make_qkx3_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
+    let n = x.len();
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..n {
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
+        let w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max <= min {
+        l_out.iter_mut().for_each(|l| *l = 0);
+        return (0.0, -min);
+    }
+    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
+    let nmax_f = nmax as f32;
+    let mut iscale = nmax_f / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_mad = 0.0f32;
+    for i in 0..n {
+        let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+        l_out[i] = l as u8;
+        best_mad += weights[i] * err(scale * l_out[i] as f32 + min - x[i]);
+    }
+    let mut laux = [0u8; 32];
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax_f) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..n {
+            // C: `v > 0 ? nearest_int(MIN(v, nmax)) : 0` (NaN gives 0)
+            let v = iscale * (x[i] - min);
+            let l = if v > 0.0 {
+                nearest_int(if v < nmax_f { v } else { nmax_f })
+            } else {
+                0
+            };
+            laux[i] = l as u8;
+            let (w, lf) = (weights[i], l as f32);
+            sum_l += w * lf;
+            sum_l2 += w * lf * lf;
+            sum_xl += w * lf * x[i];
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut mad = 0.0f32;
+            for i in 0..n {
+                mad += weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i]);
+            }
+            if mad < best_mad {
+                l_out[..n].copy_from_slice(&laux[..n]);
+                best_mad = mad;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// ggml's `make_qp_quants`: non-negative levels in `[0, nmax]` for non-negative values
+/// (the sub-block scales and mins), a scale search over 8 trial scales, then five passes
+/// of weighted coordinate descent. Levels are stored as C stores them in `uint8_t`: a
+/// negative level (only reachable from negative inputs) wraps.
+fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], quant_weights: &[f32]) -> f32 {
+    let n = x.len();
+    let mut max = 0.0f32;
+    for &v in x {
+        // C: MAX(max, x[i])
+        max = if max > v { max } else { v };
+    }
+    if max < GROUP_MAX_EPS {
+        l_out.iter_mut().for_each(|l| *l = 0);
+        return 0.0;
+    }
+    let nmax_f = nmax as f32;
+    let mut iscale = nmax_f / max;
+    for i in 0..n {
+        l_out[i] = nearest_int(iscale * x[i]) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0.0f32;
+    for i in 0..n {
+        let diff = x[i] - scale * l_out[i] as f32;
+        let w = quant_weights[i];
+        best_mse += w * diff * diff;
+    }
+    for is in -4..=4 {
+        if is == 0 {
+            continue;
+        }
+        let iscale_is = (0.1 * is as f32 + nmax_f) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0.0f32;
+        for i in 0..n {
+            let l = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * l as f32;
+            let w = quant_weights[i];
+            mse += w * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for i in 0..n {
+        let l = nearest_int(iscale * x[i]).min(nmax);
+        l_out[i] = l as u8;
+        let w = quant_weights[i];
+        sumlx += w * x[i] * l as f32;
+        suml2 += w * l as f32 * l as f32;
+    }
+    for _ in 0..5 {
+        let mut n_changed = 0;
+        for i in 0..n {
+            let w = quant_weights[i];
+            let li = l_out[i] as f32;
+            let mut slx = sumlx - w * x[i] * li;
+            let mut sl2 = suml2 - w * li * li;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != l_out[i] as i32 {
+                    slx += w * x[i] * new_l as f32;
+                    sl2 += w * new_l as f32 * new_l as f32;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l_out[i] = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed += 1;
+                    }
+                }
+            }
+        }
+        if n_changed == 0 {
+            break;
+        }
+    }
+    if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+}
+
+/// The importance weights of one group as the K-quant `_impl`s form them:
+/// `qw[l] * sqrt(sigma2 + x[l]²)`.
+fn imatrix_weights(qw: &[f32], x: &[f32], sigma2: f32, out: &mut [f32]) {
+    for ((o, &q), &v) in out.iter_mut().zip(qw).zip(x) {
+        *o = q * (sigma2 + v * v).sqrt();
+    }
+}
+
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for &v in x {
+        s += v * v;
+    }
+    s
+}
+
 /// Packs 2-bit levels as Q2_K/Q3_K store them: byte `l` of each 32-byte half holds
 /// elements `l`, `l+32`, `l+64`, `l+96` of that half's 128.
 fn pack_2bit(levels: &[u8; QK_K], qs: &mut [u8]) {
@@ -412,6 +603,47 @@ pub(crate) fn quant_q2_k(x: &[f32], b: &mut [u8]) {
     pack_2bit(&levels, &mut b[16..80]);
 }
 
+/// `quantize_row_q2_K_impl`: one super-block with its 256 importance weights.
+pub(crate) fn quant_q2_k_w(x: &[f32], b: &mut [u8], qw: &[f32]) {
+    let mut levels = [0u8; QK_K];
+    let mut weight = [0.0f32; 16];
+    let mut sw = [0.0f32; 16];
+    let mut mins = [0.0f32; 16];
+    let mut scales = [0.0f32; 16];
+    let sigma2 = sum_squares(&x[..QK_K]) / QK_K as f32;
+    for j in 0..16 {
+        let xs = &x[16 * j..16 * j + 16];
+        imatrix_weights(&qw[16 * j..16 * j + 16], xs, sigma2, &mut weight);
+        for &w in &weight {
+            sw[j] += w;
+        }
+        let lv = &mut levels[16 * j..16 * j + 16];
+        (scales[j], mins[j]) = make_qkx3_quants(3, xs, &weight, lv, -0.9, 0.05, 36, false);
+    }
+    let (mut ls, mut lm) = ([0u8; 16], [0u8; 16]);
+    let dm = make_qp_quants(15, &scales, &mut ls, &sw);
+    let mm = make_qp_quants(15, &mins, &mut lm, &sw);
+    write_f16(b, 80, dm);
+    write_f16(b, 82, mm);
+    let dm = read_f16(b, 80);
+    let mm = read_f16(b, 82);
+    for j in 0..16 {
+        b[j] = ls[j] | (lm[j] << 4);
+    }
+    for j in 0..16 {
+        let d = dm * (b[j] & 0xF) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let m = mm * (b[j] >> 4) as f32;
+        for ii in 0..16 {
+            let l = nearest_int((x[16 * j + ii] + m) / d).clamp(0, 3);
+            levels[16 * j + ii] = l as u8;
+        }
+    }
+    pack_2bit(&levels, &mut b[16..80]);
+}
+
 pub(crate) fn quant_q3_k(x: &[f32], b: &mut [u8]) {
     let mut levels = [0i8; QK_K];
     let mut scales = [0.0f32; 16];
@@ -441,6 +673,64 @@ pub(crate) fn quant_q3_k(x: &[f32], b: &mut [u8]) {
     } else {
         write_f16(rest, 0, 0.0);
     }
+    let d_all = read_f16(rest, 0);
+    let unpacked = q3_k_scales(sc);
+    for j in 0..16 {
+        let d = d_all * unpacked[j] as f32;
+        if d == 0.0 {
+            continue;
+        }
+        for ii in 0..16 {
+            let l = nearest_int(x[16 * j + ii] / d).clamp(-4, 3);
+            levels[16 * j + ii] = (l + 4) as i8;
+        }
+    }
+    let (hmask, qs) = b[..96].split_at_mut(32);
+    let mut low = [0u8; QK_K];
+    for j in 0..QK_K {
+        let mut l = levels[j] as u8;
+        if l > 3 {
+            hmask[j % 32] |= 1 << (j / 32);
+            l -= 4;
+        }
+        low[j] = l;
+    }
+    pack_2bit(&low, qs);
+}
+
+/// `quantize_row_q3_K_impl` with importance weights: one super-block with its 256
+/// weights. The sub-block scales are themselves quantised by a weighted
+/// `make_qx_quants`, and `d` is that search's scale (not `max_scale / -32`).
+pub(crate) fn quant_q3_k_w(x: &[f32], b: &mut [u8], qw: &[f32]) {
+    let mut levels = [0i8; QK_K];
+    let mut scales = [0.0f32; 16];
+    let mut weight = [0.0f32; 16];
+    let mut sw = [0.0f32; 16];
+    let sigma2 = 2.0 * sum_squares(&x[..QK_K]) / QK_K as f32;
+    for j in 0..16 {
+        let xs = &x[16 * j..16 * j + 16];
+        imatrix_weights(&qw[16 * j..16 * j + 16], xs, sigma2, &mut weight);
+        let mut sumw = 0.0f32;
+        for &w in &weight {
+            sumw += w;
+        }
+        sw[j] = sumw;
+        scales[j] = make_qx_quants(4, xs, &mut levels[16 * j..16 * j + 16], Some(&weight));
+    }
+    b.fill(0);
+    let mut ls = [0i8; 16];
+    let d_block = make_qx_quants(32, &scales, &mut ls, Some(&sw));
+    let (sc, rest) = b[96..].split_at_mut(12);
+    for j in 0..16 {
+        let l = ls[j] as i32;
+        if j < 8 {
+            sc[j] = (l & 0xF) as u8;
+        } else {
+            sc[j - 8] |= ((l & 0xF) << 4) as u8;
+        }
+        sc[j % 4 + 8] |= ((l >> 4) << (2 * (j / 4))) as u8;
+    }
+    write_f16(rest, 0, d_block);
     let d_all = read_f16(rest, 0);
     let unpacked = q3_k_scales(sc);
     for j in 0..16 {
@@ -535,8 +825,78 @@ fn quant_k4_levels(x: &[f32], b: &mut [u8], nmax: i32, rmin: f32, nstep: i32) ->
     levels
 }
 
+/// The shared body of `quantize_row_q4_K_impl` and `quantize_row_q5_K_impl` with
+/// importance weights: per-32 `make_qkx3_quants`, the scales and mins quantised by
+/// `make_qp_quants` (Q5_K caps the levels at 63 before packing, Q4_K does not), then the
+/// final levels in `[0, nmax]` against the stored scales.
+fn quant_k4_levels_w(x: &[f32], b: &mut [u8], qw: &[f32], nmax: i32) -> [u8; QK_K] {
+    let mut levels = [0u8; QK_K];
+    let mut weights = [0.0f32; 32];
+    let mut sw = [0.0f32; 8];
+    let mut scales = [0.0f32; 8];
+    let mut mins = [0.0f32; 8];
+    let sigma2 = 2.0 * sum_squares(&x[..QK_K]) / QK_K as f32;
+    for j in 0..8 {
+        let xs = &x[32 * j..32 * j + 32];
+        imatrix_weights(&qw[32 * j..32 * j + 32], xs, sigma2, &mut weights);
+        let mut sumw = 0.0f32;
+        for &w in &weights {
+            sumw += w;
+        }
+        sw[j] = sumw;
+        let lv = &mut levels[32 * j..32 * j + 32];
+        (scales[j], mins[j]) = make_qkx3_quants(nmax, xs, &weights, lv, -0.9, 0.05, 36, false);
+    }
+    let (mut ls_all, mut lm_all) = ([0u8; 8], [0u8; 8]);
+    let d_block = make_qp_quants(63, &scales, &mut ls_all, &sw);
+    let m_block = make_qp_quants(63, &mins, &mut lm_all, &sw);
+    let sc = &mut b[4..16];
+    for j in 0..8 {
+        let (mut ls, mut lm) = (ls_all[j], lm_all[j]);
+        if nmax == 31 {
+            ls = ls.min(63);
+            lm = lm.min(63);
+        }
+        if j < 4 {
+            sc[j] = ls;
+            sc[j + 4] = lm;
+        } else {
+            sc[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
+            sc[j - 4] |= (ls >> 4) << 6;
+            sc[j] |= (lm >> 4) << 6;
+        }
+    }
+    write_f16(b, 0, d_block);
+    write_f16(b, 2, m_block);
+    let d_all = read_f16(b, 0);
+    let dmin_all = read_f16(b, 2);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &b[4..16]);
+        let d = d_all * sc as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin_all * m as f32;
+        for ii in 0..32 {
+            let l = nearest_int((x[32 * j + ii] + dm) / d).clamp(0, nmax);
+            levels[32 * j + ii] = l as u8;
+        }
+    }
+    levels
+}
+
 pub(crate) fn quant_q4_k(x: &[f32], b: &mut [u8]) {
     let levels = quant_k4_levels(x, b, 15, -1.0, 20);
+    pack_q4_k(&levels, b);
+}
+
+/// `quantize_row_q4_K_impl`: one super-block with its 256 importance weights.
+pub(crate) fn quant_q4_k_w(x: &[f32], b: &mut [u8], qw: &[f32]) {
+    let levels = quant_k4_levels_w(x, b, qw, 15);
+    pack_q4_k(&levels, b);
+}
+
+fn pack_q4_k(levels: &[u8; QK_K], b: &mut [u8]) {
     for (n, q) in b[16..144].chunks_exact_mut(32).enumerate() {
         for l in 0..32 {
             q[l] = levels[64 * n + l] | (levels[64 * n + l + 32] << 4);
@@ -546,6 +906,16 @@ pub(crate) fn quant_q4_k(x: &[f32], b: &mut [u8]) {
 
 pub(crate) fn quant_q5_k(x: &[f32], b: &mut [u8]) {
     let levels = quant_k4_levels(x, b, 31, -0.5, 15);
+    pack_q5_k(&levels, b);
+}
+
+/// `quantize_row_q5_K_impl`: one super-block with its 256 importance weights.
+pub(crate) fn quant_q5_k_w(x: &[f32], b: &mut [u8], qw: &[f32]) {
+    let levels = quant_k4_levels_w(x, b, qw, 31);
+    pack_q5_k(&levels, b);
+}
+
+fn pack_q5_k(levels: &[u8; QK_K], b: &mut [u8]) {
     let (qh, ql) = b[16..176].split_at_mut(32);
     qh.fill(0);
     for (n, ql) in ql.chunks_exact_mut(32).enumerate() {
@@ -567,12 +937,23 @@ pub(crate) fn quant_q5_k(x: &[f32], b: &mut [u8]) {
 }
 
 pub(crate) fn quant_q6_k(x: &[f32], b: &mut [u8]) {
+    quant_q6_k_impl(x, b, None);
+}
+
+/// `quantize_row_q6_K_impl` with importance weights: the reference search with `qw` in
+/// place of x² (the imatrix values as they are, unlike the other K-quants).
+pub(crate) fn quant_q6_k_w(x: &[f32], b: &mut [u8], qw: &[f32]) {
+    quant_q6_k_impl(x, b, Some(qw));
+}
+
+fn quant_q6_k_impl(x: &[f32], b: &mut [u8], qw: Option<&[f32]>) {
     let mut levels = [0i8; QK_K];
     let mut scales = [0.0f32; 16];
     let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
     for ib in 0..16 {
         let lv = &mut levels[16 * ib..16 * ib + 16];
-        scales[ib] = make_qx_quants(32, &x[16 * ib..16 * ib + 16], lv);
+        let qw = qw.map(|qw| &qw[16 * ib..16 * ib + 16]);
+        scales[ib] = make_qx_quants(32, &x[16 * ib..16 * ib + 16], lv, qw);
         let abs_scale = scales[ib].abs();
         if abs_scale > max_abs_scale {
             max_abs_scale = abs_scale;

@@ -1,8 +1,10 @@
 //! The 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and MXFP4.
 //! Each dequantiser repeats llama.cpp's `dequantize_row_*` arithmetic in the same order,
-//! and each quantiser its `quantize_row_*_ref`, so results are bit-identical.
+//! and each quantiser its `quantize_row_*_ref` (or, with importance weights, its
+//! `quantize_row_*_impl`), so results are bit-identical.
 
 use crate::fp16::{read_f16, write_f16};
+use crate::kquants::{make_qkx3_quants, make_qx_quants};
 use crate::num::c_trunc;
 use crate::tables::KVALUES_MXFP4;
 
@@ -176,6 +178,81 @@ pub(crate) fn quant_q5_1(x: &[f32], b: &mut [u8]) {
         qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
     }
     b[4..8].copy_from_slice(&qh.to_le_bytes());
+}
+
+/// The mean square of a whole row, `sigma2` of the legacy `quantize_row_*_impl`s
+/// (over the row, not the block).
+pub(crate) fn row_sigma2(row: &[f32]) -> f32 {
+    let mut sum_x2 = 0.0f32;
+    for &v in row {
+        sum_x2 += v * v;
+    }
+    sum_x2 / row.len() as f32
+}
+
+/// One block's importance weights as the legacy `_impl`s form them.
+fn block_weights(x: &[f32], qw: &[f32], sigma2: f32) -> [f32; QK] {
+    let mut w = [0.0f32; QK];
+    for ((o, &q), &v) in w.iter_mut().zip(qw).zip(x) {
+        *o = q * (sigma2 + v * v).sqrt();
+    }
+    w
+}
+
+/// `quantize_row_q4_0_impl` for one block: a weighted `make_qx_quants` search.
+pub(crate) fn quant_q4_0_w(x: &[f32], b: &mut [u8], qw: &[f32], sigma2: f32) {
+    let weight = block_weights(x, qw, sigma2);
+    let mut l = [0i8; QK];
+    let d = make_qx_quants(8, x, &mut l, Some(&weight));
+    write_f16(b, 0, d);
+    for j in 0..QK / 2 {
+        b[2 + j] = (l[j] as u8) | ((l[j + 16] as u8) << 4);
+    }
+}
+
+/// `quantize_row_q4_1_impl` for one block: a weighted `make_qkx3_quants` search.
+pub(crate) fn quant_q4_1_w(x: &[f32], b: &mut [u8], qw: &[f32], sigma2: f32) {
+    let weight = block_weights(x, qw, sigma2);
+    let mut l = [0u8; QK];
+    let (d, min) = make_qkx3_quants(15, x, &weight, &mut l, -0.9, 0.05, 36, false);
+    write_f16(b, 0, d);
+    write_f16(b, 2, -min);
+    for j in 0..QK / 2 {
+        b[4 + j] = l[j] | (l[j + 16] << 4);
+    }
+}
+
+/// The low nibbles and the 32 fifth bits of Q5_0/Q5_1 levels.
+fn pack_q5(l: &[u8; QK], qs: &mut [u8]) -> [u8; 4] {
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        let (x0, x1) = (l[j], l[j + 16]);
+        qs[j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+        qh |= (((x0 & 0x10) >> 4) as u32) << j;
+        qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
+    }
+    qh.to_le_bytes()
+}
+
+/// `quantize_row_q5_0_impl` for one block.
+pub(crate) fn quant_q5_0_w(x: &[f32], b: &mut [u8], qw: &[f32], sigma2: f32) {
+    let weight = block_weights(x, qw, sigma2);
+    let mut l = [0i8; QK];
+    let d = make_qx_quants(16, x, &mut l, Some(&weight));
+    write_f16(b, 0, d);
+    let qh = pack_q5(&l.map(|v| v as u8), &mut b[6..22]);
+    b[2..6].copy_from_slice(&qh);
+}
+
+/// `quantize_row_q5_1_impl` for one block.
+pub(crate) fn quant_q5_1_w(x: &[f32], b: &mut [u8], qw: &[f32], sigma2: f32) {
+    let weight = block_weights(x, qw, sigma2);
+    let mut l = [0u8; QK];
+    let (d, min) = make_qkx3_quants(31, x, &weight, &mut l, -0.9, 0.05, 36, false);
+    write_f16(b, 0, d);
+    write_f16(b, 2, -min);
+    let qh = pack_q5(&l, &mut b[8..24]);
+    b[4..8].copy_from_slice(&qh);
 }
 
 fn absmax(x: &[f32]) -> f32 {

@@ -17,7 +17,7 @@ pub mod types;
 
 pub use dequant::dequantize;
 pub use num::nearest_int;
-pub use quant::{quantize, quantize_mxfp4_for_fixtures};
+pub use quant::{quantize, quantize_mxfp4_for_fixtures, quantize_weighted, requires_imatrix};
 pub use types::{ALL_TYPES, GgmlType, Support, TypeIdError, readable_type_names};
 
 /// Why a block conversion could not run.
@@ -57,6 +57,37 @@ pub enum FormatError {
          writable types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 and the K-quants"
     )]
     NotWritable { ty: GgmlType },
+    #[error(
+        "{ty}: a row of {n_per_row} values is not a whole, non-zero number of {block_size}-value blocks"
+    )]
+    BadRowLength {
+        ty: GgmlType,
+        n_per_row: usize,
+        block_size: u64,
+    },
+    #[error("{ty}: {n_values} values is not a whole number of {n_per_row}-value rows")]
+    PartialRow {
+        ty: GgmlType,
+        n_values: usize,
+        n_per_row: usize,
+    },
+    #[error(
+        "{ty}: {n_weights} importance weights for rows of {n_per_row} values; \
+         the importance matrix needs one weight per column"
+    )]
+    WeightsLength {
+        ty: GgmlType,
+        n_weights: usize,
+        n_per_row: usize,
+    },
+    #[error(
+        "cannot quantise to {ty}: importance weight {index} is {what}; importance weights must be finite"
+    )]
+    NonFiniteWeight {
+        ty: GgmlType,
+        index: usize,
+        what: &'static str,
+    },
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! Test vectors from independent implementations (see tests/data/README.md):
 //! dequantisation against gguf-py's numpy, quantisation against llama.cpp's C reference
-//! quantisers. Both must match bit for bit.
+//! quantisers and its importance-weighted quantisers. All must match bit for bit.
 
-use llamay_formats::{GgmlType, dequantize, quantize, quantize_mxfp4_for_fixtures};
+use llamay_formats::{
+    GgmlType, dequantize, quantize, quantize_mxfp4_for_fixtures, quantize_weighted,
+};
 use std::path::PathBuf;
 
 fn data(name: &str) -> Vec<u8> {
@@ -29,6 +31,31 @@ const WRITTEN: [&str; 15] = [
     "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
     "Q6_K", "Q8_K", "MXFP4",
 ];
+
+/// The types whose ggml quantiser takes importance weights.
+const WEIGHTED: [&str; 9] = [
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+];
+
+fn input_row_names() -> Vec<String> {
+    String::from_utf8(data("quant-input.txt"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Appends `what: row r (name)` for every row of `got` that differs from `want`.
+fn diff_rows(what: &str, names: &[String], got: &[u8], want: &[u8], failures: &mut Vec<String>) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let row = want.len() / names.len();
+    for (r, row_name) in names.iter().enumerate() {
+        if got[r * row..(r + 1) * row] != want[r * row..(r + 1) * row] {
+            failures.push(format!("{what}: row {r} ({row_name})"));
+        }
+    }
+}
 
 #[test]
 fn dequantisation_matches_gguf_py_bit_for_bit() {
@@ -64,12 +91,7 @@ fn dequantisation_matches_gguf_py_bit_for_bit() {
 #[test]
 fn quantisation_matches_llama_cpp_reference_bytes() {
     let input = f32s(&data("quant-input.f32"));
-    let names: Vec<String> = String::from_utf8(data("quant-input.txt"))
-        .unwrap()
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(str::to_owned)
-        .collect();
+    let names = input_row_names();
     let mut failures = Vec::new();
     for name in WRITTEN {
         let ty = GgmlType::from_name(name).unwrap();
@@ -80,11 +102,18 @@ fn quantisation_matches_llama_cpp_reference_bytes() {
             quantize(ty, &input)
         }
         .unwrap();
-        assert_eq!(got.len(), want.len(), "{name}");
-        let row = want.len() / names.len();
-        for (r, row_name) in names.iter().enumerate() {
-            if got[r * row..(r + 1) * row] != want[r * row..(r + 1) * row] {
-                failures.push(format!("{name}: row {r} ({row_name})"));
+        diff_rows(name, &names, &got, &want, &mut failures);
+        if ty != GgmlType::MXFP4 {
+            // without weights, quantize_weighted is quantize (ggml_quantize_chunk, no imatrix)
+            for n_per_row in [256, 512] {
+                let got = quantize_weighted(ty, &input, n_per_row, None).unwrap();
+                diff_rows(
+                    &format!("{name} quantize_weighted(None, {n_per_row})"),
+                    &names,
+                    &got,
+                    &want,
+                    &mut failures,
+                );
             }
         }
     }
@@ -94,4 +123,63 @@ fn quantisation_matches_llama_cpp_reference_bytes() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn weighted_quantisation_matches_llama_cpp_imatrix_bytes() {
+    let input = f32s(&data("quant-input.f32"));
+    let names = input_row_names();
+    let weights = f32s(&data("quant-weights.f32"));
+    assert_eq!(weights.len(), 256);
+    // rows of 512: two input rows each, the weights followed by their reverse
+    let names512: Vec<String> = names
+        .chunks_exact(2)
+        .map(|p| format!("{} | {}", p[0], p[1]))
+        .collect();
+    let weights512: Vec<f32> = weights
+        .iter()
+        .chain(weights.iter().rev())
+        .copied()
+        .collect();
+    let mut failures = Vec::new();
+    for name in WEIGHTED {
+        let ty = GgmlType::from_name(name).unwrap();
+        let got = quantize_weighted(ty, &input, 256, Some(&weights)).unwrap();
+        let want = data(&format!("wquant-{name}.bin"));
+        diff_rows(name, &names, &got, &want, &mut failures);
+        assert_ne!(
+            got,
+            quantize(ty, &input).unwrap(),
+            "{name}: the weights changed nothing"
+        );
+        let got = quantize_weighted(ty, &input, 512, Some(&weights512)).unwrap();
+        let want = data(&format!("wquant512-{name}.bin"));
+        diff_rows(
+            &format!("{name} (512 per row)"),
+            &names512,
+            &got,
+            &want,
+            &mut failures,
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} rows differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn types_without_a_weighted_quantiser_ignore_the_weights() {
+    let input = f32s(&data("quant-input.f32"));
+    let weights = f32s(&data("quant-weights.f32"));
+    for name in ["F32", "F16", "BF16", "Q8_0", "Q8_1", "Q8_K"] {
+        let ty = GgmlType::from_name(name).unwrap();
+        assert_eq!(
+            quantize_weighted(ty, &input, 256, Some(&weights)).unwrap(),
+            quantize(ty, &input).unwrap(),
+            "{name}"
+        );
+    }
 }
