@@ -87,6 +87,9 @@ enum Command {
     Dump(cmd::dump::Args),
     /// Rewrite a model with its weight matrices in another format.
     Quantize(cmd::quantize::Args),
+    /// An importance matrix for `quantize --imatrix`: the squared activations each
+    /// weight matrix sees over a text, as llama-imatrix computes and saves them.
+    Imatrix(cmd::imatrix::Args),
     /// Tokenise text with the file's own tokenizer (exact to llama.cpp).
     Tokenize(cmd::tokenize::Args),
     /// Turn a JSON array of token ids back into text.
@@ -136,6 +139,7 @@ fn main() -> ExitCode {
         Command::Info(args) => cmd::info::run(&args),
         Command::Dump(args) => cmd::dump::run(&args),
         Command::Quantize(args) => cmd::quantize::run(&args),
+        Command::Imatrix(args) => cmd::imatrix::run(&args),
         Command::Tokenize(args) => cmd::tokenize::run(&args),
         Command::Detokenize(args) => cmd::tokenize::run_detokenize(&args),
         Command::Run(args) => cmd::run::run(&args),

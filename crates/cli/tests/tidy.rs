@@ -87,6 +87,12 @@ fn dependency_boundaries_hold() {
             &["llamay-engine", "llamay-gguf", "llamay-tokenizer"],
         ),
         ("gguf", &["llamay-engine", "llamay-kernels", "reqwest"]),
+        // Files and sums: the forward pass reaches it through the engine's observer.
+        (
+            "imatrix",
+            &["llamay-engine", "llamay-kernels", "llamay-tokenizer"],
+        ),
+        ("quantize", &["llamay-engine", "llamay-kernels"]),
         // A device crate computes; it knows no HTTP, store or chat, and the engine
         // reaches it only through the seam it owns.
         (

@@ -87,6 +87,21 @@ impl<'a> Model<'a> {
 }
 
 impl<'m> Context<'m> {
+    /// Shows every later matrix product's input to `observer` (`None`: to nobody), and
+    /// returns the one that watched until now. The CPU's forward pass only: a context
+    /// on a device refuses, naming it.
+    pub fn observe(
+        &mut self,
+        observer: Option<Box<dyn crate::ActivationObserver>>,
+    ) -> Result<Option<Box<dyn crate::ActivationObserver>>, ContextError> {
+        if let Some(d) = self.device() {
+            return Err(ContextError::Device(format!(
+                "activation observers watch the CPU's forward pass; this context runs on {d} (use the CPU)"
+            )));
+        }
+        Ok(std::mem::replace(&mut self.cpu.act.observer, observer))
+    }
+
     /// The device this context's forward pass runs on (one line), or `None` on the CPU.
     pub fn device(&self) -> Option<String> {
         self.device.as_ref().map(|d| d.describe())

@@ -3,6 +3,7 @@
 //! not a block step of their own: the mixture of experts' per-expert networks
 //! (`moe.rs`), the encoders' pooling heads (`embed.rs`).
 
+use crate::ActivationObserver;
 use crate::Model;
 use crate::arch::{FfnKind, NormKind, RopeStyle};
 use crate::attention::{self, Shape, Slot};
@@ -95,11 +96,17 @@ fn rms_rows(x: &mut [f32], w: &[f32], eps: f32, cols: usize, pool: &ThreadPool) 
 pub(crate) fn linears(
     ls: &[&Linear<'_>],
     x: &[f32],
-    act: &mut QuantizedRows,
+    input: &mut MatmulInput,
     outs: &mut [&mut Vec<f32>],
     pool: &ThreadPool,
 ) {
     debug_assert_eq!(ls.len(), outs.len());
+    if let Some(o) = input.observer.as_mut() {
+        for l in ls {
+            o.matmul_input(l.w.name, l.expert, x, l.w.cols);
+        }
+    }
+    let act = &mut input.rows;
     if let Some((addr, len)) = ls.last().and_then(|l| l.then) {
         pool.prefetch_while_idle(addr, len);
     }
@@ -138,7 +145,7 @@ pub(crate) fn linears(
 pub(crate) fn linear(
     l: &Linear<'_>,
     x: &[f32],
-    act: &mut QuantizedRows,
+    act: &mut MatmulInput,
     out: &mut Vec<f32>,
     pool: &ThreadPool,
 ) {
@@ -162,12 +169,20 @@ fn add_into(x: &mut [f32], y: &[f32], z: Option<&[f32]>, pool: &ThreadPool) {
     });
 }
 
+/// The input of the projections at hand: quantised once per dot type, and shown to
+/// the activation observer where one watches (`Context::observe`).
+#[derive(Default)]
+pub(crate) struct MatmulInput {
+    pub(crate) rows: QuantizedRows,
+    pub(crate) observer: Option<Box<dyn ActivationObserver>>,
+}
+
 /// What the CPU keeps from call to call besides the activation rows: the quantised
 /// input of the projections at hand and the feed-forward networks' buffers.
 #[derive(Default)]
 pub(crate) struct CpuScratch {
-    /// The quantised input of the projections at hand.
-    pub(crate) act: QuantizedRows,
+    /// The input of the projections at hand.
+    pub(crate) act: MatmulInput,
     dense: FfnBuffers,
     moe: MoeScratch,
 }
@@ -338,7 +353,7 @@ pub(crate) fn dense_ffn(
     ffn: &DenseFfn<'_>,
     h: &[f32],
     f: &mut FfnBuffers,
-    act: &mut QuantizedRows,
+    act: &mut MatmulInput,
     threads: &ThreadPool,
 ) {
     match (kind, &ffn.gate) {
@@ -381,7 +396,7 @@ impl Model<'_> {
         h: &[f32],
         dense: &mut FfnBuffers,
         moe: &mut MoeScratch,
-        act: &mut QuantizedRows,
+        act: &mut MatmulInput,
     ) {
         let cfg = &self.config;
         match &layer.ffn {

@@ -7,7 +7,6 @@ use crate::config::Pooling;
 use crate::context::Context;
 use crate::cpu::linear;
 use crate::{DecodeError, SeqId};
-use llamay_kernels::QuantizedRows;
 
 /// Most tokens one encoding batch carries (texts are grouped up to it).
 pub const EMBED_BATCH_TOKENS: usize = 2048;
@@ -99,7 +98,7 @@ impl Context<'_> {
         let Some(head) = &self.model.weights.classifier else {
             return rows.to_vec();
         };
-        let mut act = QuantizedRows::default();
+        let mut act = crate::cpu::MatmulInput::default();
         let mut x = rows.concat();
         let mut y = Vec::new();
         if let Some(dense) = &head.dense {

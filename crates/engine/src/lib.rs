@@ -40,6 +40,21 @@ pub use ondevice::arch_on_device;
 pub use snapshot::SnapshotError;
 pub use tensor::Threads;
 
+/// Watches the inputs of the forward pass's matrix products on the CPU (`llamay
+/// imatrix` sums them): set on a context with [`Context::observe`].
+pub trait ActivationObserver: Send {
+    /// `x` holds rows of `cols` values that the matrix `weight` (a tensor name) is
+    /// about to multiply; `expert` is (expert, experts in the tensor) when the matrix
+    /// is one expert's rows of a stacked expert tensor.
+    fn matmul_input(
+        &mut self,
+        weight: &str,
+        expert: Option<(usize, usize)>,
+        x: &[f32],
+        cols: usize,
+    );
+}
+
 use llamay_gguf::Model as Gguf;
 
 /// Why a model cannot be loaded: each names what is wrong and, for a refusal, what

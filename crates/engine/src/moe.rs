@@ -7,9 +7,9 @@
 
 use crate::arch::{FfnKind, Gating};
 use crate::config::MoeConfig;
-use crate::cpu::{FfnBuffers, dense_ffn, linear};
+use crate::cpu::{FfnBuffers, MatmulInput, dense_ffn, linear};
 use crate::weights::MoeFfn;
-use llamay_kernels::{QuantizedRows, ThreadPool};
+use llamay_kernels::ThreadPool;
 
 /// Buffers a mixture reuses from layer to layer and call to call.
 #[derive(Default)]
@@ -101,7 +101,7 @@ impl Mixture<'_, '_> {
         h: &[f32],
         s: &mut MoeScratch,
         out: &mut Vec<f32>,
-        act: &mut QuantizedRows,
+        act: &mut MatmulInput,
         threads: &ThreadPool,
     ) {
         let (w, e) = (self.weights, self.n_embd);

@@ -11,13 +11,14 @@ use crate::arch::{FfnKind, NormKind, RopeStyle};
 use crate::attention::Slot;
 use crate::backend::Backend;
 use crate::context::{Context, ContextError, ContextParams};
+use crate::cpu::MatmulInput;
 use crate::device::{
     CacheType, Device, DeviceBuf, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
 };
 use crate::forward::Scratch;
 use crate::kv::{KvPool, KvPrecision, PAGE, SeqId, first_seen};
 use crate::weights::{Ffn, HeadNorm, Layer, Linear, Norm};
-use llamay_kernels::{QuantizedRows, ThreadPool};
+use llamay_kernels::ThreadPool;
 use std::collections::HashMap;
 
 /// Rows of f32 values on the device: a buffer grown as needed (never shrunk), and the
@@ -56,7 +57,7 @@ pub(crate) struct DeviceState {
     slots: DevAct,
     index: DevAct,
     /// The CPU's share: matrices the device declined.
-    act: QuantizedRows,
+    act: MatmulInput,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -224,7 +225,7 @@ impl Model<'_> {
             tables: DevAct::default(),
             slots: DevAct::default(),
             index: DevAct::default(),
-            act: QuantizedRows::default(),
+            act: MatmulInput::default(),
         }));
         Ok(ctx)
     }

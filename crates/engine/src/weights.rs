@@ -31,6 +31,9 @@ pub struct Linear<'a> {
     /// `ThreadPool::prefetch_while_idle`). An address, not a borrow: it points into
     /// another projection of the same model, and is only ever prefetched.
     pub then: Option<(usize, usize)>,
+    /// For one expert's rows of a stacked expert tensor: (expert, experts in the
+    /// tensor), what an activation observer files them under.
+    pub expert: Option<(usize, usize)>,
 }
 
 impl<'a> Linear<'a> {
@@ -40,6 +43,7 @@ impl<'a> Linear<'a> {
             b,
             packed: None,
             then: None,
+            expert: None,
         }
     }
 
@@ -350,14 +354,20 @@ impl<'a> Binder<'_, 'a> {
             .then(|| self.vector(&p("ffn_gate_inp.bias"), n))
             .transpose()?;
         let router = Linear::new(self.matrix(&p("ffn_gate_inp.weight"), e, n)?, router_b);
-        let stacked = |b: &mut Self, s: &str, cols, rows| {
-            let ws = b.stacked(&p(&format!("{s}.weight")), cols, rows, n)?;
-            let bs = match biased {
-                true => b.stacked_bias(&p(&format!("{s}.bias")), rows, n)?,
-                false => vec![None; n],
+        let stacked =
+            |b: &mut Self, s: &str, cols, rows| {
+                let ws = b.stacked(&p(&format!("{s}.weight")), cols, rows, n)?;
+                let bs = match biased {
+                    true => b.stacked_bias(&p(&format!("{s}.bias")), rows, n)?,
+                    false => vec![None; n],
+                };
+                Ok::<_, LoadError>(ws.into_iter().zip(bs).enumerate().map(move |(i, (w, b))| {
+                    Linear {
+                        expert: Some((i, n)),
+                        ..Linear::new(w, b)
+                    }
+                }))
             };
-            Ok::<_, LoadError>(ws.into_iter().zip(bs).map(|(w, b)| Linear::new(w, b)))
-        };
         let gates = stacked(self, "ffn_gate_exps", e, ff)?;
         let ups = stacked(self, "ffn_up_exps", e, ff)?;
         let downs = stacked(self, "ffn_down_exps", ff, e)?;

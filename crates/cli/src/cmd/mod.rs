@@ -3,6 +3,7 @@ pub mod chat;
 pub mod coverage;
 pub mod dump;
 pub mod embed;
+pub mod imatrix;
 pub mod info;
 pub mod perplexity;
 pub mod quantize;

@@ -139,11 +139,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             let target = chunk[bi + 1];
             let loss = match &mut writer {
                 Some((w, _, _)) => w.row(row, target)?,
-                None => {
-                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let sum: f64 = row.iter().map(|&l| f64::from(l - max).exp()).sum();
-                    sum.ln() - f64::from(row[target as usize] - max)
-                }
+                None => token_nll(row, target),
             };
             nll += loss;
             nll2 += loss * loss;
@@ -162,6 +158,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             dest.display()
         );
     }
+    let (ppl, err) = estimate(nll, nll2, count);
+    writeln!(out, "Final estimate: PPL = {ppl:.4} +/- {err:.5}")?;
+    Ok(())
+}
+
+/// −log p(target) under the softmax of `row`.
+pub(crate) fn token_nll(row: &[f32], target: u32) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&l| f64::from(l - max).exp()).sum();
+    sum.ln() - f64::from(row[target as usize] - max)
+}
+
+/// Perplexity and its error from the sums of the losses and of their squares (as
+/// llama-perplexity prints them).
+pub(crate) fn estimate(nll: f64, nll2: f64, count: usize) -> (f64, f64) {
     let mean = nll / count as f64;
     let ppl = mean.exp();
     let var = nll2 / count as f64 - mean * mean;
@@ -170,8 +181,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     } else {
         0.0
     };
-    writeln!(out, "Final estimate: PPL = {ppl:.4} +/- {err:.5}")?;
-    Ok(())
+    (ppl, err)
 }
 
 fn kl_divergence(
