@@ -53,8 +53,9 @@ pub enum FormatError {
         what: &'static str,
     },
     #[error(
-        "llamay reads {ty} but never writes it (it never writes i-quants or MXFP4); \
-         writable types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 and the K-quants"
+        "llamay reads {ty} but never writes it (of the i-quants it writes only IQ4_NL and \
+         IQ4_XS, and it never writes MXFP4); writable types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 \
+         Q5_1 Q8_0 Q8_1, the K-quants, IQ4_NL and IQ4_XS"
     )]
     NotWritable { ty: GgmlType },
     #[error(

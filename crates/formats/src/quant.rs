@@ -1,10 +1,10 @@
 //! Portable quantisation: f32 values to blocks of a writable type, byte-identical to
 //! llama.cpp's `ggml_quantize_chunk`: without an importance matrix the reference
-//! quantisers (`quantize_row_*_ref`), with one the importance-weighted
-//! `quantize_row_*_impl`s that `llama-quantize --imatrix` runs.
+//! quantisers (`quantize_row_*_ref`; IQ4_NL/IQ4_XS `quantize_row_iq4_nl_impl`), with one
+//! the importance-weighted `quantize_row_*_impl`s that `llama-quantize --imatrix` runs.
 
 use crate::fp16::f32_to_f16;
-use crate::{FormatError, GgmlType, kquants, legacy};
+use crate::{FormatError, GgmlType, iquants, kquants, legacy};
 
 /// One block's values to its bytes; the caller guarantees both lengths.
 type QuantFn = fn(&[f32], &mut [u8]);
@@ -48,6 +48,8 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, FormatError> {
         Q5_K => kquants::quant_q5_k,
         Q6_K => kquants::quant_q6_k,
         Q8_K => kquants::quant_q8_k,
+        IQ4_NL => |x, b| iquants::quant_iq4_nl(x, b, None),
+        IQ4_XS => |x, b| iquants::quant_iq4_xs(x, b, None),
         _ => return Err(FormatError::NotWritable { ty }),
     };
     Ok(run_blocks(ty, src, block))
@@ -64,8 +66,8 @@ enum Weighted {
 
 /// Quantises whole rows of `n_per_row` values as `ggml_quantize_chunk` does with an
 /// importance matrix: `weights` (one per column, the same for every row, as llama.cpp
-/// passes a tensor's imatrix entry) steer the scale searches of Q4_0 Q4_1 Q5_0 Q5_1
-/// and the K-quants Q2_K..Q6_K. Types whose ggml quantiser ignores the
+/// passes a tensor's imatrix entry) steer the scale searches of Q4_0 Q4_1 Q5_0 Q5_1,
+/// the K-quants Q2_K..Q6_K and IQ4_NL/IQ4_XS. Types whose ggml quantiser ignores the
 /// weights (F32 F16 BF16 Q8_0, and Q8_1/Q8_K) give what [`quantize`] gives. With
 /// `None` this is exactly [`quantize`] (`ggml_quantize_chunk` without an imatrix).
 ///
@@ -128,6 +130,8 @@ pub fn quantize_weighted(
         Q4_K => Block(kquants::quant_q4_k_w),
         Q5_K => Block(kquants::quant_q5_k_w),
         Q6_K => Block(kquants::quant_q6_k_w),
+        IQ4_NL => Block(|x, b, qw| iquants::quant_iq4_nl(x, b, Some(qw))),
+        IQ4_XS => Block(|x, b, qw| iquants::quant_iq4_xs(x, b, Some(qw))),
         // ggml's quantisers for these take no weights (Q8_0's ignores them).
         _ => return quantize(ty, src),
     };

@@ -7,7 +7,7 @@ use std::fmt;
 /// What llamay does with tensors of a type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Support {
-    /// Read (dequantised, computed on) and written by `llamay quantize`.
+    /// Read (dequantised, computed on) and written (`quantize`/`quantize_weighted`).
     ReadWrite,
     /// Read only: weights of this type run, but llamay never writes them.
     ReadOnly,
@@ -63,10 +63,10 @@ ggml_types! {
     IQ2_XS = 17, "IQ2_XS", 256, 2 + QK_K / 4 + QK_K / 32, Support::ReadOnly;
     IQ3_XXS = 18, "IQ3_XXS", 256, 2 + QK_K / 4 + QK_K / 8, Support::ReadOnly;
     IQ1_S = 19, "IQ1_S", 256, 2 + QK_K / 8 + QK_K / 16, Support::Refused(I_QUANT);
-    IQ4_NL = 20, "IQ4_NL", 32, 2 + 16, Support::ReadOnly;
+    IQ4_NL = 20, "IQ4_NL", 32, 2 + 16, Support::ReadWrite;
     IQ3_S = 21, "IQ3_S", 256, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, Support::ReadOnly;
     IQ2_S = 22, "IQ2_S", 256, 2 + QK_K / 4 + QK_K / 16, Support::ReadOnly;
-    IQ4_XS = 23, "IQ4_XS", 256, 2 + 2 + QK_K / 2 + QK_K / 64, Support::ReadOnly;
+    IQ4_XS = 23, "IQ4_XS", 256, 2 + 2 + QK_K / 2 + QK_K / 64, Support::ReadWrite;
     I8 = 24, "I8", 1, 1, Support::Refused(INTEGER);
     I16 = 25, "I16", 1, 2, Support::Refused(INTEGER);
     I32 = 26, "I32", 1, 4, Support::Refused(INTEGER);
@@ -213,9 +213,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn twenty_three_readable_fifteen_writable() {
+    fn twenty_three_readable_seventeen_writable() {
         assert_eq!(readable_type_names().len(), 23);
-        assert_eq!(ALL_TYPES.iter().filter(|t| t.is_writable()).count(), 15);
+        assert_eq!(ALL_TYPES.iter().filter(|t| t.is_writable()).count(), 17);
+        assert!(GgmlType::IQ4_NL.is_writable() && GgmlType::IQ4_XS.is_writable());
+        assert!(!GgmlType::IQ2_XXS.is_writable() && !GgmlType::MXFP4.is_writable());
     }
 
     #[test]

@@ -27,14 +27,14 @@ const READABLE: [&str; 23] = [
     "IQ3_S",
 ];
 
-const WRITTEN: [&str; 15] = [
+const WRITTEN: [&str; 17] = [
     "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-    "Q6_K", "Q8_K", "MXFP4",
+    "Q6_K", "Q8_K", "MXFP4", "IQ4_NL", "IQ4_XS",
 ];
 
 /// The types whose ggml quantiser takes importance weights.
-const WEIGHTED: [&str; 9] = [
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+const WEIGHTED: [&str; 11] = [
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
 ];
 
 fn input_row_names() -> Vec<String> {
