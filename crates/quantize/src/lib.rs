@@ -12,13 +12,15 @@
 
 mod preset;
 
+pub use llamay_imatrix;
 pub use preset::{
     Ftype, ModelFacts, Overrides, Planner, allows_quantization, parse_type, tensor_order,
 };
 
-use llamay_formats::{FormatError, GgmlType, dequantize, quantize};
+use llamay_formats::{FormatError, GgmlType, dequantize, quantize_weighted};
 use llamay_gguf::{GgufWriter, MappedModel, Model, OpenError, TensorInfo, Value, WriteError};
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -86,6 +88,116 @@ pub struct Request {
     pub prune: Vec<u32>,
     /// `--dry-run`: plan and report the sizes, write nothing.
     pub dry_run: bool,
+    /// `--imatrix`: the importance matrix the quantisers weigh their error by.
+    pub imatrix: Option<ImportanceMatrix>,
+}
+
+/// An importance matrix as llama-quantize uses it (`load_imatrix`, `prepare_imatrix`).
+#[derive(Clone, Debug)]
+pub struct ImportanceMatrix {
+    /// The path as given (written to `quantize.imatrix.file`).
+    pub file: String,
+    /// Per matrix name, per column (per expert, one after another): the weights.
+    pub weights: HashMap<String, Vec<f32>>,
+    pub datasets: Vec<String>,
+    /// The chunks it was computed on (0: unknown).
+    pub chunk_count: u32,
+}
+
+impl ImportanceMatrix {
+    /// Reads `path` (llama-imatrix's GGUF or legacy file), keeps the entries whose
+    /// names contain none of `exclude` and (if any are given) one of `include`, as
+    /// `--exclude-weights` / `--include-weights` do. `None` when no entry is left.
+    pub fn load(
+        path: &Path,
+        include: &[String],
+        exclude: &[String],
+    ) -> Result<Option<Self>, QuantizeError> {
+        let loaded = llamay_imatrix::read(path)
+            .map_err(|e| QuantizeError::Unsupported(format!("--imatrix: {e}")))?;
+        if !loaded.legacy && !loaded.has_metadata {
+            return Err(QuantizeError::Unsupported(format!(
+                "--imatrix {}: missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, imatrix.chunk_size)",
+                path.display()
+            )));
+        }
+        let mut weights = loaded.quant_weights();
+        weights.retain(|name, _| !exclude.iter().any(|x| name.contains(x.as_str())));
+        if !include.is_empty() {
+            weights.retain(|name, _| include.iter().any(|x| name.contains(x.as_str())));
+        }
+        if weights.is_empty() {
+            return Ok(None);
+        }
+        for (name, w) in &weights {
+            if let Some(v) = w.iter().find(|v| !v.is_finite()) {
+                return Err(QuantizeError::Unsupported(format!(
+                    "--imatrix {}: the entry for {name} contains the non-finite value {v}",
+                    path.display()
+                )));
+            }
+        }
+        Ok(Some(ImportanceMatrix {
+            file: path.to_string_lossy().into_owned(),
+            weights,
+            datasets: loaded.datasets,
+            chunk_count: loaded.chunk_count,
+        }))
+    }
+
+    /// The keys llama-quantize records about it, after the user's overrides.
+    fn kv(&self) -> Vec<(String, KvOverride)> {
+        // llama.cpp copies the strings into 128-byte fields.
+        let cut = |s: &str| {
+            let mut end = s.len().min(127);
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s[..end].to_string()
+        };
+        let mut kv = vec![(
+            "quantize.imatrix.file".to_string(),
+            KvOverride::Str(cut(&self.file)),
+        )];
+        if let Some(d) = self.datasets.first() {
+            kv.push((
+                "quantize.imatrix.dataset".to_string(),
+                KvOverride::Str(cut(d)),
+            ));
+        }
+        kv.push((
+            "quantize.imatrix.entries_count".to_string(),
+            KvOverride::Int(self.weights.len() as i64),
+        ));
+        if self.chunk_count > 0 {
+            kv.push((
+                "quantize.imatrix.chunks_count".to_string(),
+                KvOverride::Int(i64::from(self.chunk_count)),
+            ));
+        }
+        kv
+    }
+
+    /// `t`'s weights, checked against its size (one per column, per expert); `None`
+    /// where the matrix has no entry, or a token embedding's entry does not fit (llama-
+    /// quantize ignores that one).
+    fn for_tensor(&self, t: &TensorInfo<'_>) -> Result<Option<&[f32]>, QuantizeError> {
+        let Some(w) = self.weights.get(t.name) else {
+            return Ok(None);
+        };
+        let want = t.row_len() * t.shape.get(2).copied().unwrap_or(1);
+        if w.len() as u64 == want {
+            return Ok(Some(w));
+        }
+        if preset::is_token_embedding(t.name) {
+            return Ok(None);
+        }
+        Err(QuantizeError::Unsupported(format!(
+            "imatrix size {} is different from tensor size {want} for {} (an importance matrix of another model?)",
+            w.len(),
+            t.name
+        )))
+    }
 }
 
 impl Request {
@@ -100,6 +212,7 @@ impl Request {
             kv: Vec::new(),
             prune: Vec::new(),
             dry_run: false,
+            imatrix: None,
         })
     }
 }
@@ -175,18 +288,32 @@ pub fn quantize_file(
         &facts,
         &request.overrides,
         tensors.iter().map(|(_, n)| n.as_str()),
-    );
+    )
+    .with_imatrix(request.imatrix.is_some());
     let mut plans = Vec::with_capacity(tensors.len());
     for (t, name) in &tensors {
         let to = planner
             .plan(name, &t.shape, t.ty)
             .map_err(QuantizeError::Unsupported)?;
         // A dry run only reports (llama-quantize warns that an imatrix will be needed).
-        if !request.dry_run && preset::requires_imatrix(name, to, request.ftype) {
-            return Err(QuantizeError::Unsupported(format!(
-                "Q2_K_S requires an importance matrix (tensor '{}' would be Q2_K), as llama-quantize does; this build does not read one yet — use Q2_K, or another preset",
-                t.name
-            )));
+        if preset::requires_imatrix(name, to, request.ftype) {
+            match &request.imatrix {
+                None if request.dry_run => {}
+                None => {
+                    return Err(QuantizeError::Unsupported(format!(
+                        "{} requires an importance matrix (tensor '{}' would be {to}), as llama-quantize does: give one with --imatrix FILE (llamay imatrix makes it), or use another preset",
+                        request.ftype.name(),
+                        t.name
+                    )));
+                }
+                Some(m) if to != t.ty && m.for_tensor(t)?.is_none() => {
+                    return Err(QuantizeError::Unsupported(format!(
+                        "missing importance matrix for tensor '{}' in a very low-bit quantization ({to}): the --imatrix file has no entry for it",
+                        t.name
+                    )));
+                }
+                Some(_) => {}
+            }
         }
         if to != t.ty {
             if !t.ty.is_readable() {
@@ -236,7 +363,12 @@ pub fn quantize_file(
         Value::U32(QUANTIZATION_VERSION),
     );
     set("general.file_type", Value::U32(file_type));
-    for (k, v) in &request.kv {
+    let imatrix_kv = request
+        .imatrix
+        .as_ref()
+        .map(ImportanceMatrix::kv)
+        .unwrap_or_default();
+    for (k, v) in request.kv.iter().chain(&imatrix_kv) {
         kvs.retain(|(key, _)| key != k);
         kvs.push((k.as_str(), v.value()));
     }
@@ -295,7 +427,18 @@ pub fn quantize_file(
         let data = if to == t.ty {
             Cow::Borrowed(t.data)
         } else {
-            match convert(t, to, threads) {
+            let weights = match &request.imatrix {
+                Some(m) => match m.for_tensor(t) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        let msg = e.to_string();
+                        failure = Some(e);
+                        return Err(WriteError::Invalid(msg));
+                    }
+                },
+                None => None,
+            };
+            match convert(t, to, weights, threads) {
                 Ok(d) => Cow::Owned(d),
                 Err(e) => {
                     let msg = e.to_string();
@@ -426,8 +569,15 @@ fn temp_path(output: &Path) -> PathBuf {
     output.with_file_name(format!(".{name}.partial-{unique}"))
 }
 
-/// Dequantises `t` and quantises it to `to`, rows split across `threads`.
-fn convert(t: &TensorInfo<'_>, to: GgmlType, threads: usize) -> Result<Vec<u8>, QuantizeError> {
+/// Dequantises `t` and quantises it to `to`, rows split across `threads`; `weights`
+/// (one per column, per expert of a stacked tensor) steer the quantisers as an
+/// importance matrix does.
+fn convert(
+    t: &TensorInfo<'_>,
+    to: GgmlType,
+    weights: Option<&[f32]>,
+    threads: usize,
+) -> Result<Vec<u8>, QuantizeError> {
     let fmt_err = |source| QuantizeError::Format {
         tensor: t.name.to_string(),
         source,
@@ -442,18 +592,22 @@ fn convert(t: &TensorInfo<'_>, to: GgmlType, threads: usize) -> Result<Vec<u8>, 
     }
     let threads = threads.clamp(1, n_rows);
     let rows_per = n_rows.div_ceil(threads);
-    let convert_rows = |src: &[u8], dst: &mut [u8]| -> Result<(), FormatError> {
+    // An expert's rows take that expert's weights.
+    let rows_per_expert = t.shape.get(1).map_or(1, |&n| n.max(1) as usize);
+    let convert_rows = |first: usize, src: &[u8], dst: &mut [u8]| -> Result<(), FormatError> {
         let mut row = vec![0f32; row_len];
         for (r, dst_row) in dst.chunks_mut(out_row).enumerate() {
             dequantize(t.ty, &src[r * in_row..(r + 1) * in_row], &mut row)?;
-            let q = quantize(to, &row)?;
+            let expert = (first + r) / rows_per_expert;
+            let w = weights.and_then(|w| w.get(expert * row_len..(expert + 1) * row_len));
+            let q = quantize_weighted(to, &row, row_len, w)?;
             dst_row.copy_from_slice(&q);
         }
         Ok(())
     };
     if threads == 1 {
         // No thread to spawn (and none can be on WASI preview 1).
-        convert_rows(t.data, &mut out).map_err(fmt_err)?;
+        convert_rows(0, t.data, &mut out).map_err(fmt_err)?;
         return Ok(out);
     }
     let results: Vec<Result<(), FormatError>> = std::thread::scope(|s| {
@@ -462,7 +616,7 @@ fn convert(t: &TensorInfo<'_>, to: GgmlType, threads: usize) -> Result<Vec<u8>, 
             .enumerate()
             .map(|(c, dst)| {
                 let src = &t.data[c * rows_per * in_row..];
-                s.spawn(move || convert_rows(src, dst))
+                s.spawn(move || convert_rows(c * rows_per, src, dst))
             })
             .collect();
         handles

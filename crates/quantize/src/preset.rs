@@ -124,6 +124,14 @@ impl Ftype {
 
     /// Parses a name as llama-quantize does (`try_parse_ftype`: a name, any case, or
     /// the number). Returns the file type and whether it is `COPY`.
+    /// llama-quantize's name for it.
+    pub fn name(self) -> &'static str {
+        NAMES
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map_or("?", |(n, _)| n)
+    }
+
     pub fn parse(s: &str) -> Result<(Ftype, bool), String> {
         let upper = s.to_ascii_uppercase();
         if let Some((name, f)) = NAMES.iter().find(|(n, _)| *n == upper) {
@@ -233,6 +241,11 @@ const CATEGORY_BY_FRAGMENT: &[(&str, Category)] = &[
     ("ffn_gate", Category::FfnGate),
     ("ffn_down", Category::FfnDown),
 ];
+
+/// llama.cpp's `tensor_name_match_token_embd`.
+pub(crate) fn is_token_embedding(name: &str) -> bool {
+    category(name) == Category::TokenEmbd
+}
 
 fn category(name: &str) -> Category {
     if name == "output.weight" {

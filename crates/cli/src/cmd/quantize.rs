@@ -2,7 +2,7 @@
 //! file, byte for byte.
 
 use anyhow::{anyhow, bail};
-use llamay_quantize::{KvOverride, Request, parse_type, quantize_file};
+use llamay_quantize::{ImportanceMatrix, KvOverride, Request, parse_type, quantize_file};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -46,9 +46,21 @@ pub struct Args {
     /// Print each tensor's type and the sizes; write nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Importance matrix (llama-imatrix format).
+    /// Importance matrix (`llamay imatrix`'s or llama-imatrix's file, GGUF or legacy
+    /// .dat): the quantisers weigh each column's error by it.
     #[arg(long, value_name = "FILE")]
     imatrix: Option<PathBuf>,
+    /// Use the importance matrix only for tensors whose name contains this (repeatable).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "imatrix",
+        conflicts_with = "exclude_weights"
+    )]
+    include_weights: Vec<String>,
+    /// Do not use the importance matrix for tensors whose name contains this (repeatable).
+    #[arg(long, value_name = "NAME", requires = "imatrix")]
+    exclude_weights: Vec<String>,
     /// Worker threads (default: available cores).
     #[arg(short = 't', long, value_name = "N")]
     threads: Option<usize>,
@@ -83,10 +95,18 @@ fn default_output(input: &Path, ty: &str) -> PathBuf {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let (output, ty, positional_threads) = positionals(&args.input, &args.rest)?;
     let mut request = Request::named(&ty).map_err(|e| anyhow!(e))?;
-    if args.imatrix.is_some() {
-        bail!(
-            "--imatrix is not supported yet: this build writes llama.cpp's unweighted quantisations; run without --imatrix"
-        );
+    if let Some(path) = &args.imatrix {
+        request.imatrix =
+            ImportanceMatrix::load(path, &args.include_weights, &args.exclude_weights)?;
+        match &request.imatrix {
+            Some(m) => eprintln!(
+                "imatrix: {} entries from {} computed on {} chunks",
+                m.weights.len(),
+                path.display(),
+                m.chunk_count
+            ),
+            None => eprintln!("imatrix: no entry of {} left to use", path.display()),
+        }
     }
     let o = &mut request.overrides;
     o.pure = args.pure;
