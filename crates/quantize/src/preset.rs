@@ -27,6 +27,8 @@ pub enum Ftype {
     Q5_K_S,
     Q5_K_M,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 use Ftype as F;
@@ -51,6 +53,8 @@ const FTYPES: &[(Ftype, u32, GgmlType)] = &[
     (F::Q5_K_M, 17, GgmlType::Q5_K),
     (F::Q6_K, 18, GgmlType::Q6_K),
     (F::Q2_K_S, 21, GgmlType::Q2_K),
+    (F::IQ4_NL, 25, GgmlType::IQ4_NL),
+    (F::IQ4_XS, 30, GgmlType::IQ4_XS),
     (F::BF16, 32, GgmlType::BF16),
 ];
 
@@ -74,6 +78,8 @@ pub const NAMES: &[(&str, Ftype)] = &[
     ("Q5_K_S", F::Q5_K_S),
     ("Q5_K_M", F::Q5_K_M),
     ("Q6_K", F::Q6_K),
+    ("IQ4_NL", F::IQ4_NL),
+    ("IQ4_XS", F::IQ4_XS),
     ("Q8_0", F::Q8_0),
     ("F16", F::F16),
     ("BF16", F::BF16),
@@ -81,8 +87,9 @@ pub const NAMES: &[(&str, Ftype)] = &[
     ("COPY", F::AllF32),
 ];
 
-/// llama-quantize's names for what llamay does not write (i-quants, ternary, MXFP4,
-/// the 1- and 2-bit block types).
+/// llama-quantize's names for what llamay does not write (the i-quants below 4 bits,
+/// ternary, MXFP4, the 1- and 2-bit block types): their quantisers are not proven
+/// byte-identical to llama.cpp's.
 const NOT_WRITTEN: &[&str] = &[
     "Q1_0",
     "Q2_0",
@@ -99,8 +106,6 @@ const NOT_WRITTEN: &[&str] = &[
     "IQ3_S",
     "IQ3_M",
     "IQ3_XS",
-    "IQ4_NL",
-    "IQ4_XS",
     "NVFP4",
 ];
 
@@ -145,7 +150,7 @@ impl Ftype {
         let names = NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" ");
         if NOT_WRITTEN.contains(&upper.as_str()) {
             return Err(format!(
-                "{upper}: llamay does not write i-quants, ternary, MXFP4 or 1-/2-bit block types (it reads them); it writes: {names}"
+                "{upper}: llamay does not write the i-quants below 4 bits, ternary, MXFP4 or 1-/2-bit block types (it reads them; its quantisers are only those proven byte-identical to llama.cpp's); it writes: {names}"
             ));
         }
         Err(format!(
@@ -371,6 +376,7 @@ fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
         GgmlType::Q4_K => GgmlType::Q5_0,
         GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         other => other,
     };
     if ne0.is_multiple_of(to.block_size()) {
@@ -572,6 +578,7 @@ impl<'a> Planner<'a> {
                 {
                     T::Q6_K
                 }
+                F::IQ4_NL | F::IQ4_XS if gqa4 => T::Q5_K,
                 F::Q4_K_S if self.i_attention_wv < 4 => T::Q5_K,
                 _ => ty,
             };
@@ -600,6 +607,7 @@ impl<'a> Planner<'a> {
                     F::Q4_K_M if falcon && use_more_bits(i, n) => T::Q5_K,
                     F::Q4_K_M if falcon => T::Q4_K,
                     F::Q4_K_M if use_more_bits(i, n) => T::Q6_K,
+                    F::IQ4_NL | F::IQ4_XS if i < n / 8 && !self.has_imatrix => T::Q5_K,
                     F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
                     F::Q4_K_S if !falcon && i < n / 8 => T::Q5_K,
                     F::Q4_0 if self.has_imatrix && i < n / 8 => T::Q4_1,
@@ -610,7 +618,16 @@ impl<'a> Planner<'a> {
             }
             Category::AttnOutput if !falcon => {
                 if facts.n_expert == 8 {
-                    if matches!(f, F::Q2_K | F::Q3_K_S | F::Q3_K_M | F::Q4_K_S | F::Q4_K_M) {
+                    if matches!(
+                        f,
+                        F::Q2_K
+                            | F::Q3_K_S
+                            | F::Q3_K_M
+                            | F::Q4_K_S
+                            | F::Q4_K_M
+                            | F::IQ4_NL
+                            | F::IQ4_XS
+                    ) {
                         ty = T::Q5_K;
                     }
                 } else {
@@ -782,7 +799,7 @@ mod tests {
         assert!(
             Ftype::parse("IQ2_XS")
                 .unwrap_err()
-                .contains("does not write i-quants")
+                .contains("does not write the i-quants below 4 bits")
         );
         assert!(Ftype::parse("Q8_K").unwrap_err().contains("unknown"));
     }
