@@ -1,13 +1,29 @@
 //! Any bytes: the GGUF parser returns Ok or Err, never panics or reads out of bounds.
 //! What parses is walked completely (every value, every tensor's bytes, dequantised
 //! where readable) and, for little-endian files, rewritten and re-read identically.
+//! The same bytes as an importance matrix (GGUF or legacy .dat): read, merged, its
+//! quantiser weights taken, written in both formats and read back, never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use llamay_gguf::{GgufFile, GgufWriter};
 use std::borrow::Cow;
 
+fn imatrix(data: &[u8]) {
+    let Ok(loaded) = llamay_imatrix::read_bytes(data) else { return };
+    std::hint::black_box(loaded.quant_weights());
+    let mut m = llamay_imatrix::Imatrix::new(64);
+    if m.merge(loaded.clone()).is_err() || m.merge(loaded).is_err() {
+        return;
+    }
+    if let Ok(bytes) = m.gguf_bytes(Some("fuzz")) {
+        llamay_imatrix::read_bytes(&bytes).expect("a written imatrix reads back");
+    }
+    let _ = llamay_imatrix::read_bytes(&m.dat_bytes(None));
+}
+
 fuzz_target!(|data: &[u8]| {
+    imatrix(data);
     let Ok(f) = GgufFile::parse(data) else { return };
     for (_, v) in f.metadata.iter() {
         if let Some(a) = v.as_array() {

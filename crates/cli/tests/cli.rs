@@ -501,8 +501,8 @@ fn quantize_refusals_leave_no_output() {
         "requires an importance matrix",
     );
     assert_error(
-        &llamay(&["quantize", i, o, "IQ2_XS"]),
-        "does not write i-quants",
+        &llamay(&["quantize", i, o, "TQ2_0"]),
+        "does not write the i-quants below 4 bits, ternary",
     );
     assert_error(&llamay(&["quantize", i, "/", "Q8_0"]), "is a directory");
     assert_error(

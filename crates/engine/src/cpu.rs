@@ -102,8 +102,15 @@ pub(crate) fn linears(
 ) {
     debug_assert_eq!(ls.len(), outs.len());
     if let Some(o) = input.observer.as_mut() {
-        for l in ls {
-            o.matmul_input(l.w.name, l.expert, x, l.w.cols);
+        // A fused tensor bound as several projections (Q, K and V of one attn_qkv;
+        // gate and up of one stacked ffn_up) is one product of this input.
+        for (i, l) in ls.iter().enumerate() {
+            let seen = ls[..i]
+                .iter()
+                .any(|p| p.w.name == l.w.name && p.expert == l.expert);
+            if !seen {
+                o.matmul_input(l.w.name, l.expert, x, l.w.cols);
+            }
         }
     }
     let act = &mut input.rows;

@@ -142,6 +142,10 @@ impl Mixture<'_, '_> {
             }
         }
         if let Some(shared) = &w.shared {
+            // The gate is a one-row matrix product here, computed on the host.
+            if let Some(o) = act.observer.as_mut() {
+                o.matmul_input(&shared.gate_inp_name, None, h, e);
+            }
             dense_ffn(self.kind, &shared.ffn, h, &mut s.expert, act, threads);
             for (t, o) in out.chunks_exact_mut(e).enumerate() {
                 let x = &h[t * e..(t + 1) * e];

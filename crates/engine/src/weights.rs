@@ -135,6 +135,8 @@ pub struct MoeFfn<'a> {
 #[derive(Clone, Debug)]
 pub struct SharedExpert<'a> {
     pub gate_inp: Vec<f32>,
+    /// The gate's tensor name (what an activation observer files its input under).
+    pub gate_inp_name: String,
     pub ffn: DenseFfn<'a>,
 }
 
@@ -385,6 +387,7 @@ impl<'a> Binder<'_, 'a> {
             };
             Some(SharedExpert {
                 gate_inp: self.vector(&p("ffn_gate_inp_shexp.weight"), e)?,
+                gate_inp_name: p("ffn_gate_inp_shexp.weight"),
                 ffn: DenseFfn {
                     gate: Some(matrix(self, "ffn_gate_shexp.weight", e, sf)?),
                     up: matrix(self, "ffn_up_shexp.weight", e, sf)?,

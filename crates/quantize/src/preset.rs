@@ -797,7 +797,7 @@ mod tests {
         assert_eq!(F::Q4_K_M.id(), 15);
         assert_eq!(F::Q2_K_S.id(), 21);
         assert!(
-            Ftype::parse("IQ2_XS")
+            Ftype::parse("TQ1_0")
                 .unwrap_err()
                 .contains("does not write the i-quants below 4 bits")
         );

@@ -6,7 +6,7 @@
 //! refused. The fixtures are generated (scripts/gen-arch-fixtures, sha256-pinned by the
 //! engine's parity test) into `$LLAMAY_FIXTURES`.
 
-use llamay_quantize::{Request, quantize_file};
+use llamay_quantize::{ImportanceMatrix, Request, quantize_file};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
@@ -18,34 +18,42 @@ fn fixtures_dir() -> PathBuf {
     )
 }
 
-#[test]
-fn every_preset_is_llama_quantizes_file_byte_for_byte() {
-    let recorded: Value =
-        serde_json::from_str(include_str!("data/presets.json")).expect("presets.json");
+/// The fixtures, or `None` (a printed skip; a failure under scripts/test).
+fn fixtures() -> Option<PathBuf> {
     let dir = fixtures_dir();
-    if !dir.join("llama-F32.gguf").exists() {
-        assert!(
-            std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_none(),
-            "fixtures missing in {}: scripts/gen-arch-fixtures",
-            dir.display()
-        );
-        eprintln!(
-            "skipped: no fixtures in {} (scripts/gen-arch-fixtures)",
-            dir.display()
-        );
-        return;
+    if dir.join("llama-F32.gguf").exists() {
+        return Some(dir);
     }
-    let out = std::env::temp_dir().join(format!("llamay-presets-{}.gguf", std::process::id()));
+    assert!(
+        std::env::var_os("LLAMAY_REQUIRE_REFERENCE").is_none(),
+        "fixtures missing in {}: scripts/gen-arch-fixtures",
+        dir.display()
+    );
+    eprintln!(
+        "skipped: no fixtures in {} (scripts/gen-arch-fixtures)",
+        dir.display()
+    );
+    None
+}
+
+/// Runs every recorded (fixture, source, preset) case through `quantize_file`, the
+/// request completed by `prepare`; the outputs must hash as llama-quantize's did, and
+/// what it refused must be refused. Returns how many were written alike.
+fn check_cases(tag: &str, cases: &[Value], prepare: impl Fn(&Value, &mut Request)) -> usize {
+    let dir = fixtures_dir();
+    let out =
+        std::env::temp_dir().join(format!("llamay-presets-{tag}-{}.gguf", std::process::id()));
     let (mut same, mut refused) = (0, 0);
     let mut differ = Vec::new();
-    for o in recorded["outputs"].as_array().unwrap() {
+    for o in cases {
         let (fixture, source, preset) = (
             o["fixture"].as_str().unwrap(),
             o["source"].as_str().unwrap(),
             o["preset"].as_str().unwrap(),
         );
         let input = dir.join(format!("{fixture}-{source}.gguf"));
-        let request = Request::named(preset).unwrap();
+        let mut request = Request::named(preset).unwrap();
+        prepare(o, &mut request);
         let result = quantize_file(&input, &out, &request, 2, |_| {});
         let what = format!("{fixture}-{source} {preset}");
         match (result, o["sha256"].as_str()) {
@@ -71,6 +79,44 @@ fn every_preset_is_llama_quantizes_file_byte_for_byte() {
         "{} differ:\n{}",
         differ.len(),
         differ.join("\n")
+    );
+    same
+}
+
+#[test]
+fn every_preset_is_llama_quantizes_file_byte_for_byte() {
+    let recorded: Value =
+        serde_json::from_str(include_str!("data/presets.json")).expect("presets.json");
+    if fixtures().is_none() {
+        return;
+    }
+    let same = check_cases("plain", recorded["outputs"].as_array().unwrap(), |_, _| {});
+    assert!(same > 0);
+}
+
+/// The same with llama-imatrix's importance matrices (data/imatrix/, recorded by
+/// `scripts/check-quantize-vs-llamacpp --imatrix-cases`): every preset from the F32
+/// and F16 files of seven fixtures, the weighted quantisers and the imatrix rules.
+#[test]
+fn every_preset_with_an_importance_matrix_is_llama_quantizes_file() {
+    let recorded: Value =
+        serde_json::from_str(include_str!("data/imatrix/presets.json")).expect("presets.json");
+    if fixtures().is_none() {
+        return;
+    }
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/imatrix");
+    let same = check_cases(
+        "imatrix",
+        recorded["cases"].as_array().unwrap(),
+        |o, request| {
+            let fixture = o["fixture"].as_str().unwrap();
+            let mut m = ImportanceMatrix::load(&data.join(format!("{fixture}.gguf")), &[], &[])
+                .unwrap()
+                .unwrap();
+            // The path llama-quantize was given (it records it in quantize.imatrix.file).
+            m.file = format!("crates/quantize/tests/data/imatrix/{fixture}.gguf");
+            request.imatrix = Some(m);
+        },
     );
     assert!(same > 0);
 }
