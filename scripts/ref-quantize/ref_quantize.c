@@ -6,11 +6,17 @@
 //   ref_quantize chunk   TYPE IN.f32 OUT.bin N_PER_ROW [WEIGHTS.f32]
 //                                              quantize_<type>(src, dst, nrows, n_per_row,
 //                                              weights or NULL), as ggml_quantize_chunk
-//                                              calls it (llama-quantize's path)
+//                                              calls it (llama-quantize's path), one row
+//                                              at a time: a row where ggml aborts
+//                                              (GGML_ASSERT/GGML_ABORT: the i-quant grid
+//                                              searches on extreme values) is written as
+//                                              all 0xFF bytes, which no quantiser writes
+//                                              (its first block's f16 d would be -NaN)
 #include "ggml-common.h"
 #include "ggml-quants.h"
 #include "ggml-impl.h"
 
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,8 +39,11 @@ static const struct row * find_type(enum ggml_type type);
 // The few ggml.c symbols ggml-quants.c links against, so that the build stays one
 // translation unit of the reference tree. ggml_row_size is reached by the quantize_<type>
 // functions; it is ggml.c's `ggml_type_size(type)*ne/ggml_blck_size(type)`.
+static jmp_buf row_abort; // set while chunk mode quantises a row
+static int catching = 0;
 void ggml_abort(const char * file, int line, const char * fmt, ...) {
     fprintf(stderr, "ggml_abort at %s:%d (%s)\n", file, line, fmt);
+    if (catching) longjmp(row_abort, 1);
     abort();
 }
 size_t ggml_type_size(enum ggml_type type) { return find_type(type)->size; }
@@ -80,11 +89,11 @@ static const struct row rows[] = {
     {"MXFP4", 32, 17, Q(quantize_row_mxfp4_ref), D(dequantize_row_mxfp4), T(MXFP4), quantize_mxfp4},
     {"IQ4_NL", 32, 18, NULL, D(dequantize_row_iq4_nl), T(IQ4_NL), quantize_iq4_nl},
     {"IQ4_XS", 256, 136, NULL, D(dequantize_row_iq4_xs), T(IQ4_XS), quantize_iq4_xs},
-    {"IQ2_XXS", 256, 66, NULL, D(dequantize_row_iq2_xxs), T(IQ2_XXS), NULL},
-    {"IQ2_XS", 256, 74, NULL, D(dequantize_row_iq2_xs), T(IQ2_XS), NULL},
-    {"IQ2_S", 256, 82, NULL, D(dequantize_row_iq2_s), T(IQ2_S), NULL},
-    {"IQ3_XXS", 256, 98, NULL, D(dequantize_row_iq3_xxs), T(IQ3_XXS), NULL},
-    {"IQ3_S", 256, 110, NULL, D(dequantize_row_iq3_s), T(IQ3_S), NULL},
+    {"IQ2_XXS", 256, 66, NULL, D(dequantize_row_iq2_xxs), T(IQ2_XXS), quantize_iq2_xxs},
+    {"IQ2_XS", 256, 74, NULL, D(dequantize_row_iq2_xs), T(IQ2_XS), quantize_iq2_xs},
+    {"IQ2_S", 256, 82, NULL, D(dequantize_row_iq2_s), T(IQ2_S), quantize_iq2_s},
+    {"IQ3_XXS", 256, 98, NULL, D(dequantize_row_iq3_xxs), T(IQ3_XXS), quantize_iq3_xxs},
+    {"IQ3_S", 256, 110, NULL, D(dequantize_row_iq3_s), T(IQ3_S), quantize_iq3_s},
 };
 
 static const struct row * find_type(enum ggml_type type) {
@@ -143,8 +152,28 @@ int main(int argc, char ** argv) {
         }
         long bytes = k / r->block * r->size;
         void * out = calloc(bytes + 1, 1);
-        size_t got = r->c((const float *) in, out, k / n_per_row, n_per_row, qw);
-        if ((long) got != bytes) { fprintf(stderr, "%s: %zu bytes, want %ld\n", r->name, got, bytes); return 1; }
+        // ggml_quantize_init: the lattice tables of the grid quantisers
+        switch (r->type) {
+            case GGML_TYPE_IQ2_XXS: case GGML_TYPE_IQ2_XS: case GGML_TYPE_IQ2_S:
+                iq2xs_init_impl(r->type); break;
+            case GGML_TYPE_IQ3_XXS: iq3xs_init_impl(256); break;
+            case GGML_TYPE_IQ3_S: iq3xs_init_impl(512); break;
+            default: break;
+        }
+        long row_bytes = bytes / (k / n_per_row);
+        for (long row = 0; row < k / n_per_row; row++) {
+            char * dst = (char *) out + row * row_bytes;
+            catching = 1;
+            if (setjmp(row_abort)) {
+                catching = 0;
+                fprintf(stderr, "%s: ggml aborts on row %ld\n", r->name, row);
+                memset(dst, 0xFF, row_bytes);
+                continue;
+            }
+            size_t got = r->c((const float *) in + row * n_per_row, dst, 1, n_per_row, qw);
+            catching = 0;
+            if ((long) got != row_bytes) { fprintf(stderr, "%s: %zu bytes, want %ld\n", r->name, got, row_bytes); return 1; }
+        }
         spit(argv[4], out, bytes);
     } else if (strcmp(argv[1], "dequant") == 0 && r->d) {
         long k = n / r->size * r->block;
