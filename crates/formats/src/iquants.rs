@@ -1,10 +1,13 @@
 //! The i-quant formats: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (codebook lattices with
-//! sign tables; read only, so only llama.cpp's `dequantize_row_*` is mirrored) and
-//! IQ4_NL, IQ4_XS (a non-linear 16-value table), which llamay also writes with
-//! `quantize_row_iq4_nl_impl` as `ggml_quantize_chunk` runs it (`ntry = 7`, with or
-//! without importance weights).
+//! sign tables) and IQ4_NL, IQ4_XS (a non-linear 16-value table). Dequantisation mirrors
+//! llama.cpp's `dequantize_row_*`; quantisation its `quantize_row_*_impl`s as
+//! `ggml_quantize_chunk` runs them: IQ4_NL/IQ4_XS `quantize_row_iq4_nl_impl` (`ntry = 7`),
+//! the lattice types ggml's grid searches over the tables of `lattice.rs` (IQ2_XXS and
+//! IQ2_XS only with importance weights, as ggml requires).
 
 use crate::fp16::{read_f16, write_f16};
+use crate::kquants::make_qp_quants;
+use crate::lattice::{self, Lattice};
 use crate::num::nearest_int;
 use crate::tables::{
     IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS,
@@ -343,4 +346,527 @@ pub(crate) fn quant_iq4_xs(x: &[f32], b: &mut [u8], qw: Option<&[f32]>) {
     b[2..4].copy_from_slice(&scales_h.to_le_bytes());
     b[4..8].copy_from_slice(&scales_l);
     pack_iq4(&l, &mut b[8..136]);
+}
+
+// ---- the lattice i-quants: IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S ----------------------
+
+/// Where ggml's quantiser aborts (`GGML_ASSERT`/`GGML_ABORT`) instead of writing bytes:
+/// no neighbour with a finite error, a level vector off the grid, a NaN scale. Reachable
+/// only with extreme values or negative/huge importance weights.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Abort(pub(crate) &'static str);
+
+const NO_NEIGHBOUR: Abort = Abort("no grid neighbour with a finite error");
+const OFF_GRID: Abort = Abort("a block's levels are not on the grid");
+/// ggml's `GGML_ASSERT(scale >= 0)`, after a negative scale was flipped: a NaN scale.
+const NAN_SCALE: Abort = Abort("a block scale is not a number");
+
+/// Below these a block counts as all zeros (ggml's `GROUP_MAX_EPS_*`).
+const GROUP_MAX_EPS_IQ3_XXS: f32 = 1e-8;
+const GROUP_MAX_EPS_IQ2_S: f32 = 1e-8;
+
+/// Which groups the search's final pass re-quantises at the chosen scale.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Redo {
+    /// Those whose best trial was off the grid, if any (IQ3_XXS, IQ2_XS, IQ2_S).
+    OffGrid,
+    /// All, if any group of the best trial was off the grid; with no accepted trial
+    /// every group counts as off (IQ3_S).
+    AllIfAnyOff,
+    /// All, whenever the scale is positive (IQ2_XXS).
+    Always,
+}
+
+/// The scale search the lattice quantisers share: trial inverse scales
+/// `(2*kmaxq - 1 + is*step)/smax` for `is` in `-nis..=nis`, each group's levels rounded
+/// and clamped, then moved to the best neighbour when off the grid; the trial with the
+/// best weighted fit wins; then a final pass at the winning scale (see [`Redo`]). `l`
+/// holds the starting levels and gets the chosen ones (all on the grid unless ggml
+/// would abort later). Returns the scale.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+fn lattice_search<const D: usize>(
+    lat: &Lattice<D>,
+    (kmaxq, nis, step, redo): (i32, i32, f32, Redo),
+    xval: &[f32],
+    weight: &[f32],
+    waux: &[f32],
+    smax: f32,
+    mut scale: f32,
+    l: &mut [i8],
+) -> Result<f32, Abort> {
+    let n = xval.len();
+    let groups = n / D;
+    let mut laux = [0i8; 32];
+    let laux = &mut laux[..n];
+    let mut on_grid = [redo != Redo::AllIfAnyOff; 8];
+    let mut on_grid_aux = [true; 8];
+    let fit = |lv: &[i8]| {
+        let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+        for i in 0..n {
+            let w = weight[i];
+            let q = (2 * lv[i] as i32 + 1) as f32;
+            sumqx += w * xval[i] * q;
+            sumq2 += w * q * q;
+        }
+        (sumqx, sumq2)
+    };
+    let mut best = 0.0f32;
+    for is in -nis..=nis {
+        let id = ((2 * kmaxq - 1) as f32 + is as f32 * step) / smax;
+        let this_scale = 1.0 / id;
+        for k in 0..groups {
+            let g = D * k..D * k + D;
+            for (o, &v) in laux[g.clone()].iter_mut().zip(&xval[g.clone()]) {
+                *o = nearest_int(0.5 * (id * v - 1.0)).clamp(0, kmaxq - 1) as i8;
+            }
+            on_grid_aux[k] = true;
+            if let Err(nb) = lat.lookup(lat.pack(&laux[g.clone()])) {
+                on_grid_aux[k] = false;
+                lat.best_neighbour(
+                    nb,
+                    &xval[g.clone()],
+                    &waux[g.clone()],
+                    this_scale,
+                    &mut laux[g],
+                )
+                .ok_or(NO_NEIGHBOUR)?;
+            }
+        }
+        let (sumqx, sumq2) = fit(laux);
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            l.copy_from_slice(laux);
+            on_grid = on_grid_aux;
+        }
+    }
+    let any_off = on_grid[..groups].iter().any(|&o| !o);
+    let again = match redo {
+        Redo::OffGrid | Redo::AllIfAnyOff => any_off && scale > 0.0,
+        Redo::Always => scale > 0.0,
+    };
+    if again {
+        let id = 1.0 / scale;
+        for k in 0..groups {
+            if redo == Redo::OffGrid && on_grid[k] {
+                continue;
+            }
+            let g = D * k..D * k + D;
+            for (o, &v) in l[g.clone()].iter_mut().zip(&xval[g.clone()]) {
+                *o = nearest_int(0.5 * (id * v - 1.0)).clamp(0, kmaxq - 1) as i8;
+            }
+            if let Err(nb) = lat.lookup(lat.pack(&l[g.clone()])) {
+                lat.best_neighbour(nb, &xval[g.clone()], &waux[g.clone()], scale, &mut l[g])
+                    .ok_or(NO_NEIGHBOUR)?;
+            }
+        }
+        let (sumqx, sumq2) = fit(l);
+        if sumq2 > 0.0 {
+            scale = sumqx / sumq2;
+        }
+    }
+    Ok(scale)
+}
+
+/// The grid index of each group of `l`, into `out`.
+fn grid_indices<const D: usize>(
+    lat: &Lattice<D>,
+    l: &[i8],
+    out: &mut [usize],
+) -> Result<(), Abort> {
+    for (o, g) in out.iter_mut().zip(l.chunks_exact(D)) {
+        *o = lat.index_of(lat.pack(g)).ok_or(OFF_GRID)?;
+    }
+    Ok(())
+}
+
+/// The blocks' importance: `qw*sqrt(sigma2 + x²)` with weights, `x²` without (IQ3), and
+/// `sqrt` of that for the neighbour search.
+fn block_weights(
+    xb: &[f32],
+    qw: Option<&[f32]>,
+    sigma2: f32,
+    weight: &mut [f32],
+    waux: &mut [f32],
+) {
+    for i in 0..xb.len() {
+        weight[i] = match qw {
+            Some(qw) => qw[i] * (sigma2 + xb[i] * xb[i]).sqrt(),
+            None => xb[i] * xb[i],
+        };
+        waux[i] = weight[i].sqrt();
+    }
+}
+
+/// Magnitudes and sign bits of 8 values; with `even`, an odd number of negatives is
+/// made even by flipping the least important value (the 7-bit sign tables of
+/// IQ2_XXS, IQ2_XS, IQ3_XXS keep only even-parity patterns).
+fn signs8(xb: &[f32], weight: &[f32], xval: &mut [f32], even: bool) -> u8 {
+    let mut s = 0u8;
+    let mut nflip = 0;
+    for i in 0..8 {
+        if xb[i] >= 0.0 {
+            xval[i] = xb[i];
+        } else {
+            xval[i] = -xb[i];
+            nflip += 1;
+            s |= 1 << i;
+        }
+    }
+    if even && nflip % 2 == 1 {
+        let mut imin = 0;
+        let mut min = weight[0] * xb[0] * xb[0];
+        for i in 1..8 {
+            let ax = weight[i] * xb[i] * xb[i];
+            if ax < min {
+                min = ax;
+                imin = i;
+            }
+        }
+        xval[imin] = -xval[imin];
+        s ^= 1 << imin;
+    }
+    if even { s & 127 } else { s }
+}
+
+/// C's `MAX(a, b)`: `a > b ? a : b`.
+fn c_max(a: f32, b: f32) -> f32 {
+    if a > b { a } else { b }
+}
+
+fn c_max_all(v: &[f32]) -> f32 {
+    v[1..].iter().fold(v[0], |m, &x| c_max(m, x))
+}
+
+fn sum_x2(x: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for &v in x {
+        s += v * v;
+    }
+    s
+}
+
+/// The 4-bit sub-block scale `l` with `d*(2l + 1)` nearest `scale` (`0..=15`).
+fn scale_nibble(id: f32, scale: f32) -> u8 {
+    nearest_int(0.5 * (id * scale - 1.0)).clamp(0, 15) as u8
+}
+
+/// `quantize_row_iq3_xxs_impl(256, ...)` for one super-block (98 bytes).
+pub(crate) fn quant_iq3_xxs(x: &[f32], b: &mut [u8], qw: Option<&[f32]>) -> Result<(), Abort> {
+    let lat = lattice::iq3xxs();
+    b.fill(0);
+    let sigma2 = 2.0 * sum_x2(x) / 256.0;
+    let mut grid = [0u8; 64];
+    let mut sas = [0u32; 8];
+    let mut scales = [0.0f32; 8];
+    let mut max_scale = 0.0f32;
+    let (mut weight, mut waux, mut xval) = ([0.0f32; 32], [0.0f32; 32], [0.0f32; 32]);
+    for ib in 0..8 {
+        let xb = &x[32 * ib..32 * ib + 32];
+        block_weights(
+            xb,
+            qw.map(|q| &q[32 * ib..]),
+            sigma2,
+            &mut weight,
+            &mut waux,
+        );
+        let mut signs = [0u8; 4];
+        for (k, s) in signs.iter_mut().enumerate() {
+            let g = 8 * k..8 * k + 8;
+            *s = signs8(&xb[g.clone()], &weight[g.clone()], &mut xval[g], true);
+        }
+        let max = c_max_all(&xval);
+        let mut l = [0i8; 32];
+        if max < GROUP_MAX_EPS_IQ3_XXS {
+            scales[ib] = 0.0;
+            continue;
+        }
+        let search = (8, 15, 0.2, Redo::OffGrid);
+        let mut scale =
+            lattice_search(lat, search, &xval, &weight, &waux, max, max / 15.0, &mut l)?;
+        if scale < 0.0 {
+            scale = -scale;
+            signs.iter_mut().for_each(|s| *s = !*s & 127);
+        }
+        let mut index = [0usize; 8];
+        grid_indices(lat, &l, &mut index)?;
+        for (o, &k) in grid[8 * ib..8 * ib + 8].iter_mut().zip(&index) {
+            *o = k as u8;
+        }
+        sas[ib] = signs[0] as u32
+            | (signs[1] as u32) << 7
+            | (signs[2] as u32) << 14
+            | (signs[3] as u32) << 21;
+        if scale.is_nan() {
+            return Err(NAN_SCALE);
+        }
+        scales[ib] = scale;
+        max_scale = c_max(max_scale, scale);
+    }
+    if max_scale == 0.0 {
+        return Ok(());
+    }
+    let d = max_scale / 31.0;
+    write_f16(b, 0, d * 1.0125);
+    let id = 1.0 / d;
+    for ib in 0..8 {
+        sas[ib] |= (scale_nibble(id, scales[ib]) as u32) << 28;
+    }
+    b[2..66].copy_from_slice(&grid);
+    for (o, s) in b[66..98].chunks_exact_mut(4).zip(&sas) {
+        o.copy_from_slice(&s.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// `quantize_row_iq3_s_impl(32, ...)` for one super-block (110 bytes). As in ggml, a
+/// block skipped as all zeros does not advance the grid-byte and sign cursors, so the
+/// blocks after it land one slot early (and the last slots stay zero).
+pub(crate) fn quant_iq3_s(x: &[f32], b: &mut [u8], qw: Option<&[f32]>) -> Result<(), Abort> {
+    let lat = lattice::iq3s();
+    b.fill(0);
+    let sigma2 = 2.0 * sum_x2(x) / 256.0;
+    let (mut qs_at, mut signs_at) = (2usize, 74usize);
+    let mut scales = [0.0f32; 8];
+    let mut max_scale = 0.0f32;
+    let (mut weight, mut waux, mut xval) = ([0.0f32; 32], [0.0f32; 32], [0.0f32; 32]);
+    for ib in 0..8 {
+        let xb = &x[32 * ib..32 * ib + 32];
+        block_weights(
+            xb,
+            qw.map(|q| &q[32 * ib..]),
+            sigma2,
+            &mut weight,
+            &mut waux,
+        );
+        let mut signs = [0u8; 4];
+        for (k, s) in signs.iter_mut().enumerate() {
+            let g = 8 * k..8 * k + 8;
+            *s = signs8(&xb[g.clone()], &weight[g.clone()], &mut xval[g], false);
+        }
+        let max = c_max_all(&xval);
+        let mut l = [0i8; 32];
+        if max == 0.0 {
+            scales[ib] = 0.0;
+            continue;
+        }
+        let search = (8, 9, 0.2, Redo::AllIfAnyOff);
+        let mut scale =
+            lattice_search(lat, search, &xval, &weight, &waux, max, max / 15.0, &mut l)?;
+        if scale < 0.0 {
+            scale = -scale;
+            signs.iter_mut().for_each(|s| *s = !*s);
+        }
+        let mut index = [0usize; 8];
+        grid_indices(lat, &l, &mut index)?;
+        for (k, &g) in index.iter().enumerate() {
+            b[qs_at + k] = g as u8;
+            b[66 + ib] |= ((g >> 8) << k) as u8;
+        }
+        qs_at += 8;
+        b[signs_at..signs_at + 4].copy_from_slice(&signs);
+        signs_at += 4;
+        if scale.is_nan() {
+            return Err(NAN_SCALE);
+        }
+        scales[ib] = scale;
+        max_scale = c_max(max_scale, scale);
+    }
+    if max_scale == 0.0 {
+        return Ok(());
+    }
+    let d = max_scale / 31.0;
+    write_f16(b, 0, d * 1.033);
+    let id = 1.0 / d;
+    for ib in (0..8).step_by(2) {
+        b[106 + ib / 2] = scale_nibble(id, scales[ib]) | scale_nibble(id, scales[ib + 1]) << 4;
+    }
+    Ok(())
+}
+
+/// The three IQ2 types' sub-blocks of 16 (IQ2_XS, IQ2_S): signs, search, grid indices.
+/// Returns the scale (`None` for a block skipped as all zeros) and writes the two
+/// groups' indices and sign bytes.
+fn iq2_block16(
+    lat: &Lattice<8>,
+    xb: &[f32],
+    weight: &[f32],
+    waux: &[f32],
+    (even, eps): (bool, f32),
+    index: &mut [usize; 2],
+    signs: &mut [u8; 2],
+) -> Result<Option<f32>, Abort> {
+    let mut xval = [0.0f32; 16];
+    for (k, s) in signs.iter_mut().enumerate() {
+        let g = 8 * k..8 * k + 8;
+        *s = signs8(&xb[g.clone()], &weight[g.clone()], &mut xval[g], even);
+    }
+    let max = c_max_all(&xval);
+    let mut l = [0i8; 16];
+    if max < eps {
+        return Ok(None);
+    }
+    let search = (3, 9, 0.1, Redo::OffGrid);
+    let mut scale = lattice_search(lat, search, &xval, weight, waux, max, max / 5.0, &mut l)?;
+    if scale < 0.0 {
+        scale = -scale;
+        for s in signs.iter_mut() {
+            *s = if even { !*s & 127 } else { !*s };
+        }
+    }
+    grid_indices(lat, &l, index)?;
+    if scale.is_nan() {
+        return Err(NAN_SCALE);
+    }
+    Ok(Some(scale))
+}
+
+/// `quantize_row_iq2_xs_impl` for one super-block (74 bytes); weights required.
+pub(crate) fn quant_iq2_xs(x: &[f32], b: &mut [u8], qw: &[f32]) -> Result<(), Abort> {
+    let lat = lattice::iq2xs();
+    b.fill(0);
+    let sigma2 = sum_x2(x) / 256.0;
+    let mut q2 = [0u16; 32];
+    let mut scales = [0.0f32; 16];
+    let mut max_scale = 0.0f32;
+    let (mut weight, mut waux) = ([0.0f32; 16], [0.0f32; 16]);
+    for ib in 0..16 {
+        let xb = &x[16 * ib..16 * ib + 16];
+        block_weights(xb, Some(&qw[16 * ib..]), sigma2, &mut weight, &mut waux);
+        let (mut index, mut signs) = ([0usize; 2], [0u8; 2]);
+        let params = (true, GROUP_MAX_EPS);
+        let Some(scale) = iq2_block16(lat, xb, &weight, &waux, params, &mut index, &mut signs)?
+        else {
+            continue;
+        };
+        scales[ib] = scale;
+        for k in 0..2 {
+            q2[2 * ib + k] = index[k] as u16 | (signs[k] as u16) << 9;
+        }
+        max_scale = c_max(max_scale, scale);
+    }
+    if max_scale == 0.0 {
+        return Ok(());
+    }
+    let d = max_scale / 31.0;
+    write_f16(b, 0, d);
+    let id = 1.0 / d;
+    for ib in 0..16 {
+        b[66 + ib / 2] |= scale_nibble(id, scales[ib]) << (4 * (ib % 2));
+    }
+    for (o, q) in b[2..66].chunks_exact_mut(2).zip(&q2) {
+        o.copy_from_slice(&q.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// `quantize_row_iq2_s_impl` for one super-block (82 bytes); without weights the
+/// importance is `sigma2/4 + x²`.
+pub(crate) fn quant_iq2_s(x: &[f32], b: &mut [u8], qw: Option<&[f32]>) -> Result<(), Abort> {
+    let lat = lattice::iq2s();
+    b.fill(0);
+    let sigma2 = 2.0 * sum_x2(x) / 256.0;
+    let mut scales = [0.0f32; 16];
+    let mut max_scale = 0.0f32;
+    let (mut weight, mut waux) = ([0.0f32; 16], [0.0f32; 16]);
+    for ib in 0..16 {
+        let xb = &x[16 * ib..16 * ib + 16];
+        match qw {
+            Some(qw) => block_weights(xb, Some(&qw[16 * ib..]), sigma2, &mut weight, &mut waux),
+            None => {
+                for i in 0..16 {
+                    weight[i] = 0.25 * sigma2 + xb[i] * xb[i];
+                    waux[i] = weight[i].sqrt();
+                }
+            }
+        }
+        let (mut index, mut signs) = ([0usize; 2], [0u8; 2]);
+        let params = (false, GROUP_MAX_EPS_IQ2_S);
+        let Some(scale) = iq2_block16(lat, xb, &weight, &waux, params, &mut index, &mut signs)?
+        else {
+            continue;
+        };
+        for k in 0..2 {
+            let i8 = 2 * ib + k;
+            b[2 + i8] = index[k] as u8;
+            b[66 + i8 / 4] |= ((index[k] >> 8) << (2 * (i8 % 4))) as u8;
+            b[2 + 32 + i8] = signs[k];
+        }
+        scales[ib] = scale;
+        max_scale = c_max(max_scale, scale);
+    }
+    if max_scale == 0.0 {
+        return Ok(());
+    }
+    let d = max_scale / 31.0;
+    write_f16(b, 0, d * 0.9875);
+    let id = 1.0 / d;
+    for ib in 0..16 {
+        b[74 + ib / 2] |= scale_nibble(id, scales[ib]) << (4 * (ib % 2));
+    }
+    Ok(())
+}
+
+/// `quantize_row_iq2_xxs_impl` for one super-block (66 bytes); weights required. The
+/// search starts from `make_qp_quants`' levels and scale.
+pub(crate) fn quant_iq2_xxs(x: &[f32], b: &mut [u8], qw: &[f32]) -> Result<(), Abort> {
+    let lat = lattice::iq2xxs();
+    b.fill(0);
+    let sigma2 = sum_x2(x) / 256.0;
+    let mut q2 = [0u32; 16];
+    let mut scales = [0.0f32; 8];
+    let mut max_scale = 0.0f32;
+    let (mut weight, mut waux, mut xval) = ([0.0f32; 32], [0.0f32; 32], [0.0f32; 32]);
+    for ib in 0..8 {
+        let xb = &x[32 * ib..32 * ib + 32];
+        block_weights(xb, Some(&qw[32 * ib..]), sigma2, &mut weight, &mut waux);
+        let mut signs = [0u8; 4];
+        for (k, s) in signs.iter_mut().enumerate() {
+            let g = 8 * k..8 * k + 8;
+            *s = signs8(&xb[g.clone()], &weight[g.clone()], &mut xval[g], true);
+        }
+        let max = c_max_all(&xval);
+        if max < GROUP_MAX_EPS {
+            scales[ib] = 0.0;
+            continue;
+        }
+        let mut lq = [0u8; 32];
+        let scale = make_qp_quants(4, &xval, &mut lq, &weight);
+        let eff_max = scale * 3.0;
+        if eff_max <= 0.0 {
+            scales[ib] = 0.0;
+            continue;
+        }
+        let mut l = lq.map(|v| v as i8);
+        let search = (3, 6, 0.1, Redo::Always);
+        let mut scale = lattice_search(lat, search, &xval, &weight, &waux, eff_max, scale, &mut l)?;
+        if scale < 0.0 {
+            scale = -scale;
+            signs.iter_mut().for_each(|s| *s = !*s & 127);
+        }
+        let mut index = [0usize; 4];
+        grid_indices(lat, &l, &mut index)?;
+        for k in 0..4 {
+            q2[2 * ib] |= (index[k] as u32) << (8 * k);
+            q2[2 * ib + 1] |= (signs[k] as u32) << (7 * k);
+        }
+        if scale.is_nan() {
+            return Err(NAN_SCALE);
+        }
+        scales[ib] = scale;
+        max_scale = c_max(max_scale, scale);
+    }
+    if max_scale == 0.0 {
+        return Ok(());
+    }
+    let d = max_scale / 31.0;
+    write_f16(b, 0, d);
+    let id = 1.0 / d;
+    for ib in 0..8 {
+        q2[2 * ib + 1] |= (scale_nibble(id, scales[ib]) as u32) << 28;
+    }
+    for (o, q) in b[2..66].chunks_exact_mut(4).zip(&q2) {
+        o.copy_from_slice(&q.to_le_bytes());
+    }
+    Ok(())
 }

@@ -439,7 +439,7 @@ pub(crate) fn make_qkx3_quants(
 /// (the sub-block scales and mins), a scale search over 8 trial scales, then five passes
 /// of weighted coordinate descent. Levels are stored as C stores them in `uint8_t`: a
 /// negative level (only reachable from negative inputs) wraps.
-fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], quant_weights: &[f32]) -> f32 {
+pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], quant_weights: &[f32]) -> f32 {
     let n = x.len();
     let mut max = 0.0f32;
     for &v in x {

@@ -9,6 +9,7 @@ mod dequant;
 mod fp16;
 mod iquants;
 mod kquants;
+mod lattice;
 mod legacy;
 mod num;
 mod quant;
@@ -53,11 +54,21 @@ pub enum FormatError {
         what: &'static str,
     },
     #[error(
-        "llamay reads {ty} but never writes it (of the i-quants it writes only IQ4_NL and \
-         IQ4_XS, and it never writes MXFP4); writable types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 \
-         Q5_1 Q8_0 Q8_1, the K-quants, IQ4_NL and IQ4_XS"
+        "llamay reads {ty} but never writes it (it never writes MXFP4); writable types: \
+         F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1, the K-quants, IQ4_NL IQ4_XS IQ3_XXS \
+         IQ3_S IQ2_S, and IQ2_XS IQ2_XXS with an importance matrix"
     )]
     NotWritable { ty: GgmlType },
+    #[error(
+        "{ty} needs an importance matrix: llama.cpp refuses to make it without one \
+         (ggml_quantize_requires_imatrix)"
+    )]
+    ImatrixRequired { ty: GgmlType },
+    #[error(
+        "cannot quantise to {ty}: llama.cpp's quantiser aborts on these values or \
+         importance weights ({why})"
+    )]
+    QuantiserAborts { ty: GgmlType, why: &'static str },
     #[error(
         "{ty}: a row of {n_per_row} values is not a whole, non-zero number of {block_size}-value blocks"
     )]

@@ -1,7 +1,8 @@
 //! Portable quantisation: f32 values to blocks of a writable type, byte-identical to
 //! llama.cpp's `ggml_quantize_chunk`: without an importance matrix the reference
-//! quantisers (`quantize_row_*_ref`; IQ4_NL/IQ4_XS `quantize_row_iq4_nl_impl`), with one
-//! the importance-weighted `quantize_row_*_impl`s that `llama-quantize --imatrix` runs.
+//! quantisers (`quantize_row_*_ref`; the i-quants their `quantize_row_*_impl` without
+//! weights), with one the importance-weighted `quantize_row_*_impl`s that
+//! `llama-quantize --imatrix` runs.
 
 use crate::fp16::f32_to_f16;
 use crate::{FormatError, GgmlType, iquants, kquants, legacy};
@@ -13,6 +14,9 @@ type QuantFn = fn(&[f32], &mut [u8]);
 ///
 /// Refuses non-finite values: the reference quantisers turn them into garbage scales
 /// that poison whole blocks, so a model with NaN/inf weights is an error, not a file.
+/// IQ2_XXS and IQ2_XS need importance weights (`ImatrixRequired`; see
+/// [`quantize_weighted`]), and the lattice i-quants refuse (`QuantiserAborts`) inputs on
+/// which ggml's grid searches abort.
 pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, FormatError> {
     if let Some(why) = ty.refusal() {
         return Err(FormatError::Refused(why));
@@ -21,6 +25,12 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, FormatError> {
         return Err(FormatError::NotWritable { ty });
     }
     check_input(ty, src)?;
+    if let Some(f) = lattice_quantiser(ty) {
+        if requires_imatrix(ty) {
+            return Err(FormatError::ImatrixRequired { ty });
+        }
+        return run_lattice(ty, src, None, f);
+    }
     use GgmlType::*;
     let block: QuantFn = match ty {
         F32 => return Ok(src.iter().flat_map(|v| v.to_le_bytes()).collect()),
@@ -67,12 +77,15 @@ enum Weighted {
 /// Quantises whole rows of `n_per_row` values as `ggml_quantize_chunk` does with an
 /// importance matrix: `weights` (one per column, the same for every row, as llama.cpp
 /// passes a tensor's imatrix entry) steer the scale searches of Q4_0 Q4_1 Q5_0 Q5_1,
-/// the K-quants Q2_K..Q6_K and IQ4_NL/IQ4_XS. Types whose ggml quantiser ignores the
+/// the K-quants Q2_K..Q6_K and the i-quants IQ4_NL IQ4_XS IQ3_XXS IQ3_S IQ2_S IQ2_XS
+/// IQ2_XXS. Types whose ggml quantiser ignores the
 /// weights (F32 F16 BF16 Q8_0, and Q8_1/Q8_K) give what [`quantize`] gives. With
 /// `None` this is exactly [`quantize`] (`ggml_quantize_chunk` without an imatrix).
 ///
 /// Refuses non-finite values and non-finite weights (llama.cpp refuses an imatrix with
-/// NaN or inf); zero and negative weights are accepted, as ggml accepts them.
+/// NaN or inf); zero and negative weights are accepted, as ggml accepts them. The
+/// lattice i-quants refuse (`QuantiserAborts`) the inputs on which ggml's grid searches
+/// abort, e.g. a value whose square overflows.
 pub fn quantize_weighted(
     ty: GgmlType,
     src: &[f32],
@@ -118,6 +131,9 @@ pub fn quantize_weighted(
             what: non_finite_name(qw[index]),
         });
     }
+    if let Some(f) = lattice_quantiser(ty) {
+        return run_lattice(ty, src, Some(qw), f);
+    }
     use GgmlType::*;
     use Weighted::{Block, Legacy};
     let quant = match ty {
@@ -139,7 +155,8 @@ pub fn quantize_weighted(
 }
 
 /// Whether llama.cpp refuses to make `ty` without an importance matrix
-/// (`ggml_quantize_requires_imatrix`: IQ2_XXS, IQ2_XS, IQ1_S; none of them written here).
+/// (`ggml_quantize_requires_imatrix`: IQ2_XXS, IQ2_XS, IQ1_S). [`quantize`] refuses
+/// them, and so does [`quantize_weighted`] without weights.
 pub fn requires_imatrix(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ1_S)
 }
@@ -208,6 +225,59 @@ fn run_weighted_rows(ty: GgmlType, src: &[f32], qw: &[f32], quant: Weighted) -> 
         }
     }
     out
+}
+
+/// A lattice i-quant's super-block quantiser: values, bytes, the block's weights.
+type LatticeFn = fn(&[f32], &mut [u8], Option<&[f32]>) -> Result<(), iquants::Abort>;
+
+/// The lattice i-quants (ggml's grid searches): IQ3_XXS, IQ3_S, IQ2_S with or without
+/// weights; IQ2_XXS, IQ2_XS only with them.
+fn lattice_quantiser(ty: GgmlType) -> Option<LatticeFn> {
+    use GgmlType::*;
+    Some(match ty {
+        IQ3_XXS => iquants::quant_iq3_xxs,
+        IQ3_S => iquants::quant_iq3_s,
+        IQ2_S => iquants::quant_iq2_s,
+        IQ2_XS => |x, b, qw| iquants::quant_iq2_xs(x, b, qw.expect("weights checked")),
+        IQ2_XXS => |x, b, qw| iquants::quant_iq2_xxs(x, b, qw.expect("weights checked")),
+        _ => return None,
+    })
+}
+
+/// Super-blocks of `src`, with `qw` (one weight per column of a row of `qw.len()`) or
+/// without. Where ggml's quantiser would abort, an error names it.
+fn run_lattice(
+    ty: GgmlType,
+    src: &[f32],
+    qw: Option<&[f32]>,
+    f: LatticeFn,
+) -> Result<Vec<u8>, FormatError> {
+    let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
+    let mut out = vec![0u8; src.len() / bs * ts];
+    let aborts = |a: iquants::Abort| FormatError::QuantiserAborts { ty, why: a.0 };
+    match qw {
+        None => {
+            for (x, b) in src.chunks_exact(bs).zip(out.chunks_exact_mut(ts)) {
+                f(x, b, None).map_err(aborts)?;
+            }
+        }
+        Some(qw) => {
+            let n_per_row = qw.len();
+            for (row, out_row) in src
+                .chunks_exact(n_per_row)
+                .zip(out.chunks_exact_mut(n_per_row / bs * ts))
+            {
+                let blocks = row
+                    .chunks_exact(bs)
+                    .zip(out_row.chunks_exact_mut(ts))
+                    .zip(qw.chunks_exact(bs));
+                for ((x, b), w) in blocks {
+                    f(x, b, Some(w)).map_err(aborts)?;
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// ggml's `GGML_FP32_TO_BF16`: round to nearest even (NaN cannot reach here).

@@ -59,13 +59,13 @@ ggml_types! {
     Q5_K = 13, "Q5_K", 256, 2 + 2 + QK_K / 2 + QK_K / 8 + 12, Support::ReadWrite;
     Q6_K = 14, "Q6_K", 256, 2 + QK_K / 2 + QK_K / 4 + QK_K / 16, Support::ReadWrite;
     Q8_K = 15, "Q8_K", 256, 4 + QK_K + QK_K / 8, Support::ReadWrite;
-    IQ2_XXS = 16, "IQ2_XXS", 256, 2 + QK_K / 4, Support::ReadOnly;
-    IQ2_XS = 17, "IQ2_XS", 256, 2 + QK_K / 4 + QK_K / 32, Support::ReadOnly;
-    IQ3_XXS = 18, "IQ3_XXS", 256, 2 + QK_K / 4 + QK_K / 8, Support::ReadOnly;
+    IQ2_XXS = 16, "IQ2_XXS", 256, 2 + QK_K / 4, Support::ReadWrite;
+    IQ2_XS = 17, "IQ2_XS", 256, 2 + QK_K / 4 + QK_K / 32, Support::ReadWrite;
+    IQ3_XXS = 18, "IQ3_XXS", 256, 2 + QK_K / 4 + QK_K / 8, Support::ReadWrite;
     IQ1_S = 19, "IQ1_S", 256, 2 + QK_K / 8 + QK_K / 16, Support::Refused(I_QUANT);
     IQ4_NL = 20, "IQ4_NL", 32, 2 + 16, Support::ReadWrite;
-    IQ3_S = 21, "IQ3_S", 256, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, Support::ReadOnly;
-    IQ2_S = 22, "IQ2_S", 256, 2 + QK_K / 4 + QK_K / 16, Support::ReadOnly;
+    IQ3_S = 21, "IQ3_S", 256, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, Support::ReadWrite;
+    IQ2_S = 22, "IQ2_S", 256, 2 + QK_K / 4 + QK_K / 16, Support::ReadWrite;
     IQ4_XS = 23, "IQ4_XS", 256, 2 + 2 + QK_K / 2 + QK_K / 64, Support::ReadWrite;
     I8 = 24, "I8", 1, 1, Support::Refused(INTEGER);
     I16 = 25, "I16", 1, 2, Support::Refused(INTEGER);
@@ -213,11 +213,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn twenty_three_readable_seventeen_writable() {
+    fn twenty_three_readable_twenty_two_writable() {
         assert_eq!(readable_type_names().len(), 23);
-        assert_eq!(ALL_TYPES.iter().filter(|t| t.is_writable()).count(), 17);
+        assert_eq!(ALL_TYPES.iter().filter(|t| t.is_writable()).count(), 22);
         assert!(GgmlType::IQ4_NL.is_writable() && GgmlType::IQ4_XS.is_writable());
-        assert!(!GgmlType::IQ2_XXS.is_writable() && !GgmlType::MXFP4.is_writable());
+        assert!(GgmlType::IQ2_XXS.is_writable() && GgmlType::IQ3_S.is_writable());
+        assert!(!GgmlType::MXFP4.is_writable() && !GgmlType::IQ1_S.is_writable());
     }
 
     #[test]
