@@ -625,6 +625,89 @@ fn detokenize_is_exact_unless_asked_to_clean_spaces() {
 /// file byte for byte: the sha256 of llama-quantize b11434's output for each case is
 /// recorded in `data/quantize-flags.json` by `scripts/check-quantize-vs-llamacpp
 /// --flag-cases`, which runs both tools; here the same command line must hash the same.
+/// `--keep-split` on split sets (scripts/split-gguf: gguf-py's writer, 5 tensors per
+/// shard) gives llama-quantize's shards, every one byte for byte
+/// (data/quantize-keep-split.json, recorded by scripts/check-quantize-vs-llamacpp
+/// --keep-split-cases; the cases where llama-quantize itself crashes are not compared).
+#[test]
+fn quantize_keep_split_gives_llama_quantizes_shards() {
+    use sha2::Digest;
+    let Some(tree) =
+        llamay_synth::reference::path("LLAMAY_REF_TREE", "LLAMAY_REF_TREE=$(scripts/fetch-ref)")
+    else {
+        return;
+    };
+    let doc: Json = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quantize-keep-split.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let dir = TempPath::dir("cli-keep-split");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/split-gguf");
+    let mut split = std::collections::HashMap::new();
+    let mut checked = 0;
+    for case in doc["cases"].as_array().unwrap() {
+        if case.get("llama_quantize_crashed").is_some() {
+            continue;
+        }
+        let base = case["fixture"].as_str().unwrap();
+        let first = split.entry(base.to_string()).or_insert_with(|| {
+            let out = dir.join(format!("{base}.gguf"));
+            let made = Command::new(&script)
+                .arg(common::fixture(&format!("{base}-F32.gguf")))
+                .arg(&out)
+                .arg("5")
+                .env("LLAMAY_REF_TREE", &tree)
+                .output()
+                .unwrap();
+            assert!(
+                made.status.success(),
+                "{}",
+                String::from_utf8_lossy(&made.stderr)
+            );
+            let mut shards: Vec<_> = std::fs::read_dir(&*dir)
+                .unwrap()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with(&format!("{base}-0"))
+                })
+                .collect();
+            shards.sort();
+            shards[0].clone()
+        });
+        let outdir = TempPath::dir(&format!("cli-keep-split-out-{checked}"));
+        let flags: Vec<&str> = (case["flags"].as_array().unwrap().iter())
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        let out = outdir.join("ours.gguf");
+        let mut args = vec!["quantize", "--keep-split"];
+        args.extend(&flags);
+        let preset = case["preset"].as_str().unwrap();
+        args.extend([first.to_str().unwrap(), out.to_str().unwrap(), preset, "1"]);
+        let o = llamay(&args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let want = case["shards"].as_object().unwrap();
+        let written = std::fs::read_dir(&*outdir).unwrap().count();
+        assert_eq!(written, want.len(), "{args:?}: shard count");
+        for (name, sha) in want {
+            let got = std::fs::read(outdir.join(format!("ours-{name}"))).unwrap();
+            let got = format!("{:x}", sha2::Sha256::digest(got));
+            assert_eq!(got, sha.as_str().unwrap(), "{args:?}: shard {name}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 16);
+}
+
 #[test]
 fn quantize_flags_give_llama_quantizes_file() {
     use sha2::Digest;

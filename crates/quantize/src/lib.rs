@@ -90,6 +90,9 @@ pub struct Request {
     pub dry_run: bool,
     /// `--imatrix`: the importance matrix the quantisers weigh their error by.
     pub imatrix: Option<ImportanceMatrix>,
+    /// `--keep-split`: one output file per input shard (see [`split_path`]), tensors in
+    /// the input's order.
+    pub keep_split: bool,
 }
 
 /// An importance matrix as llama-quantize uses it (`load_imatrix`, `prepare_imatrix`).
@@ -213,6 +216,7 @@ impl Request {
             prune: Vec::new(),
             dry_run: false,
             imatrix: None,
+            keep_split: false,
         })
     }
 }
@@ -276,10 +280,17 @@ pub fn quantize_file(
         .map_or_else(|| guessed_file_type(&all), |v| v as u32);
     // --prune-layers: the pruned blocks' tensors dropped, the later blocks renumbered.
     let mut prune = preset::Pruning::new(&request.prune);
-    let tensors: Vec<(&TensorInfo<'_>, String)> = all
+    let mut tensors: Vec<(&TensorInfo<'_>, String)> = all
         .iter()
         .filter_map(|t| prune.rename(t.name).map(|n| (*t, n)))
         .collect();
+    // Each tensor's (input shard, offset): --keep-split writes them in that order.
+    let placement: HashMap<&str, (usize, u64)> = (model.shards.iter().enumerate())
+        .flat_map(|(s, f)| f.tensors.iter().map(move |t| (t.name, (s, t.offset))))
+        .collect();
+    if request.keep_split {
+        tensors.sort_by_key(|(t, _)| placement[t.name]);
+    }
 
     // The types first (llama.cpp plans every tensor before it writes one).
     let mut planner = Planner::new(
@@ -343,10 +354,6 @@ pub fn quantize_file(
     } else {
         request.ftype.id()
     };
-    let werr = |source| QuantizeError::Write {
-        path: output.to_path_buf(),
-        source,
-    };
     let mut kvs: Vec<(&str, Value<'_>)> = model
         .metadata()
         .iter()
@@ -377,16 +384,6 @@ pub fn quantize_file(
         kvs.retain(|(key, _)| *key != block_count);
         kvs.push((block_count.as_str(), Value::U32(n)));
     }
-    let mut w = GgufWriter::new();
-    for (k, v) in kvs {
-        w.add_kv(k, v).map_err(werr)?;
-    }
-    for ((t, name), to) in tensors.iter().zip(&plans) {
-        // ggml writes a tensor's ggml_n_dims: trailing dimensions of 1 are dropped (a
-        // [256, 1] input is [256] in llama-quantize's file).
-        let n_dims = preset::n_dims(&t.shape).min(t.shape.len());
-        w.add_tensor(name, *to, &t.shape[..n_dims]).map_err(werr)?;
-    }
 
     let report_of = |t: &TensorInfo<'_>, name: &str, to: GgmlType, n_bytes_out: u64| TensorReport {
         name: name.to_string(),
@@ -413,54 +410,136 @@ pub fn quantize_file(
             .collect();
         return Ok(reports);
     }
-    let tmp = temp_path(output);
-    let io = |source| QuantizeError::Io {
-        path: tmp.clone(),
-        source,
+
+    // The files: one, or with --keep-split one per input shard (llama-quantize's
+    // names; the first holds the metadata, every one the split keys).
+    let shard_of: Vec<usize> = tensors.iter().map(|(t, _)| placement[t.name].0).collect();
+    let n_split = if request.keep_split {
+        shard_of.iter().max().map_or(1, |m| m + 1)
+    } else {
+        1
     };
-    let file = File::create(&tmp).map_err(io)?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let mut reports = Vec::with_capacity(tensors.len());
-    let mut failure: Option<QuantizeError> = None;
-    let result = w.write(&mut out, |i| {
-        let ((t, name), to) = (&tensors[i], plans[i]);
-        let data = if to == t.ty {
-            Cow::Borrowed(t.data)
-        } else {
-            let weights = match &request.imatrix {
-                Some(m) => match m.for_tensor(t) {
-                    Ok(w) => w,
-                    Err(e) => {
-                        let msg = e.to_string();
-                        failure = Some(e);
-                        return Err(WriteError::Invalid(msg));
-                    }
-                },
-                None => None,
-            };
-            match convert(t, to, weights, threads) {
-                Ok(d) => Cow::Owned(d),
-                Err(e) => {
-                    let msg = e.to_string();
-                    failure = Some(e);
-                    return Err(WriteError::Invalid(msg));
-                }
-            }
+    let mut files = Vec::with_capacity(n_split);
+    for i in 0..n_split {
+        let path = match request.keep_split {
+            true => split_path(output, i, n_split),
+            false => output.to_path_buf(),
         };
-        let r = report_of(t, name, to, data.len() as u64);
-        report(&r);
-        reports.push(r);
-        Ok(data)
-    });
-    let finished = result
-        .map_err(|e| failure.take().unwrap_or_else(|| werr(e)))
-        .and_then(|()| out.flush().map_err(io))
-        .and_then(|()| std::fs::rename(&tmp, output).map_err(io));
-    if let Err(e) = finished {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+        let werr = |source| QuantizeError::Write {
+            path: path.clone(),
+            source,
+        };
+        let mut w = GgufWriter::new();
+        if i == 0 {
+            for (k, v) in &kvs {
+                w.add_kv(k, v.clone()).map_err(werr)?;
+            }
+        }
+        if n_split > 1 {
+            w.add_kv("split.no", Value::U16(i as u16)).map_err(werr)?;
+            w.add_kv("split.count", Value::U16(n_split as u16))
+                .map_err(werr)?;
+            w.add_kv("split.tensors.count", Value::I32(tensors.len() as i32))
+                .map_err(werr)?;
+        }
+        let mine: Vec<usize> = (0..tensors.len())
+            .filter(|&j| !request.keep_split || shard_of[j] == i)
+            .collect();
+        for &j in &mine {
+            let ((t, name), to) = (&tensors[j], plans[j]);
+            // ggml writes a tensor's ggml_n_dims: trailing dimensions of 1 are dropped
+            // (a [256, 1] input is [256] in llama-quantize's file).
+            let n_dims = preset::n_dims(&t.shape).min(t.shape.len());
+            w.add_tensor(name, to, &t.shape[..n_dims]).map_err(werr)?;
+        }
+        files.push((path, w, mine));
+    }
+    let mut reports = Vec::with_capacity(tensors.len());
+    let mut written: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for (path, w, mine) in files {
+        let tmp = temp_path(&path);
+        written.push((tmp.clone(), path.clone()));
+        let result = write_file(&tmp, &path, &w, |k| {
+            let ((t, name), to) = (&tensors[mine[k]], plans[mine[k]]);
+            let data = if to == t.ty {
+                Cow::Borrowed(t.data)
+            } else {
+                let weights = match &request.imatrix {
+                    Some(m) => m.for_tensor(t)?,
+                    None => None,
+                };
+                Cow::Owned(convert(t, to, weights, threads)?)
+            };
+            let r = report_of(t, name, to, data.len() as u64);
+            report(&r);
+            reports.push(r);
+            Ok(data)
+        });
+        if let Err(e) = result {
+            // Nothing under a final name: every file written so far goes.
+            for (tmp, _) in &written {
+                let _ = std::fs::remove_file(tmp);
+            }
+            return Err(e);
+        }
+    }
+    for (tmp, path) in &written {
+        if let Err(source) = std::fs::rename(tmp, path) {
+            for (tmp, _) in &written {
+                let _ = std::fs::remove_file(tmp);
+            }
+            return Err(QuantizeError::Io {
+                path: path.clone(),
+                source,
+            });
+        }
     }
     Ok(reports)
+}
+
+/// Writes `w` to `tmp` (the caller renames it to `path` when every file is whole),
+/// tensor `k`'s bytes from `data(k)`.
+fn write_file<'a>(
+    tmp: &Path,
+    path: &Path,
+    w: &GgufWriter<'a>,
+    mut data: impl FnMut(usize) -> Result<Cow<'a, [u8]>, QuantizeError>,
+) -> Result<(), QuantizeError> {
+    let io = |source| QuantizeError::Io {
+        path: tmp.to_path_buf(),
+        source,
+    };
+    let file = File::create(tmp).map_err(io)?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let mut failure: Option<QuantizeError> = None;
+    let result = w.write(&mut out, |k| {
+        data(k).map_err(|e| {
+            let msg = e.to_string();
+            failure = Some(e);
+            WriteError::Invalid(msg)
+        })
+    });
+    result
+        .map_err(|e| {
+            failure.take().unwrap_or_else(|| QuantizeError::Write {
+                path: path.to_path_buf(),
+                source: e,
+            })
+        })
+        .and_then(|()| out.flush().map_err(io))
+}
+
+/// llama.cpp's `llama_split_path`: `PREFIX-00001-of-00003.gguf`, where PREFIX is the
+/// output with its `.gguf` taken off (llama-quantize's `--keep-split`).
+pub fn split_path(output: &Path, i: usize, n: usize) -> PathBuf {
+    let s = output.to_string_lossy();
+    // llama-quantize drops the suffix's length when the name contains ".gguf" at all.
+    let prefix = if s.contains(".gguf") {
+        &s[..s.len().saturating_sub(5)]
+    } else {
+        &s[..]
+    };
+    PathBuf::from(format!("{prefix}-{:05}-of-{n:05}.gguf", i + 1))
 }
 
 /// The keys llama-quantize removes (`LLM_KV_SPLIT_*`): a split input becomes one file.

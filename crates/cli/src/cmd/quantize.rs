@@ -46,6 +46,9 @@ pub struct Args {
     /// Print each tensor's type and the sizes; write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Write one file per input shard (OUT-00001-of-0000N.gguf), as the input is split.
+    #[arg(long)]
+    keep_split: bool,
     /// Importance matrix (`llamay imatrix`'s or llama-imatrix's file, GGUF or legacy
     /// .dat): the quantisers weigh each column's error by it.
     #[arg(long, value_name = "FILE")]
@@ -136,6 +139,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     request.allow_requantize = args.allow_requantize;
     request.dry_run = args.dry_run;
+    request.keep_split = args.keep_split;
     if let Some(list) = &args.prune_layers {
         for id in list.split(',') {
             let n = id
@@ -189,7 +193,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "quantized {} tensors as {ty}: {mib_in:.2} MiB -> {mib_out:.2} MiB in {:.1} s; wrote {}",
             reports.len(),
             start.elapsed().as_secs_f64(),
-            output.display()
+            if args.keep_split {
+                llamay_quantize::split_path(&output, 0, 1)
+                    .display()
+                    .to_string()
+                    .replace("-00001-of-00001", "-*-of-*")
+            } else {
+                output.display().to_string()
+            }
         );
     }
     Ok(())
