@@ -145,6 +145,10 @@ fn read_gguf(file: &GgufFile<'_>) -> Result<Loaded, String> {
         }
         let sums = f32s(in_sum2)?;
         let counts = f32s(counts)?;
+        // Rows counted: whole numbers an f32 holds (2^53 is far beyond any run).
+        if let Some(c) = counts.iter().find(|c| !(0.0..=9.0e15).contains(*c)) {
+            return Err(format!("{name}: a row count of {c} is not a count"));
+        }
         if counts.is_empty() || !sums.len().is_multiple_of(counts.len()) {
             return Err(format!(
                 "{name}: {} sums do not split over {} counts",
@@ -212,6 +216,9 @@ fn read_legacy(bytes: &[u8]) -> Result<Loaded, String> {
         let name = name.split(|&b| b == 0).next().unwrap_or_default();
         let name = String::from_utf8_lossy(name).into_owned();
         let ncall = r.i32().map_err(|_| bad("the call count"))?;
+        if ncall < 0 {
+            return Err(bad("the call count (negative)"));
+        }
         let nval = r.i32().map_err(|_| bad("the value count"))?;
         if nval < 1 {
             return Err(bad("the value count"));

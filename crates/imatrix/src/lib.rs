@@ -131,7 +131,9 @@ impl Imatrix {
             )));
         }
         let rows = (x.len() / cols) as i64;
-        e.counts.iter_mut().for_each(|c| *c += rows);
+        e.counts
+            .iter_mut()
+            .for_each(|c| *c = c.saturating_add(rows));
         Ok(())
     }
 
@@ -176,7 +178,7 @@ impl Imatrix {
                 *a += v;
             }
         }
-        e.counts[expert] += 1;
+        e.counts[expert] = e.counts[expert].saturating_add(1);
         if acc.iter().any(|v| !v.is_finite()) {
             return Err(ImatrixError::Mismatch(format!(
                 "non-finite values detected in {name}"
@@ -212,8 +214,8 @@ impl Imatrix {
                 for (v, s) in e.values.iter_mut().zip(&entry.sums) {
                     *v += s * chunk_size as f32;
                 }
-                let add = entry.counts[0] * i64::from(chunk_size);
-                e.counts.iter_mut().for_each(|c| *c += add);
+                let add = entry.counts[0].saturating_mul(i64::from(chunk_size));
+                e.counts.iter_mut().for_each(|c| *c = c.saturating_add(add));
                 e.activations.clear();
                 continue;
             }
@@ -244,7 +246,7 @@ impl Imatrix {
             e.counts
                 .iter_mut()
                 .zip(&entry.counts)
-                .for_each(|(c, n)| *c += n);
+                .for_each(|(c, n)| *c = c.saturating_add(*n));
             match entry.activations {
                 Some(act) if first || !e.activations.is_empty() => {
                     if e.activations.is_empty() {
@@ -402,7 +404,7 @@ impl Imatrix {
             i32_le(&mut out, name.len() as i64);
             out.extend_from_slice(name.as_bytes());
             let max = s.counts.iter().copied().max().unwrap_or(0);
-            let ncall = (max + chunk_size - 1) / chunk_size;
+            let ncall = max.saturating_add(chunk_size - 1) / chunk_size;
             i32_le(&mut out, ncall);
             let (nval, nmat) = (s.values.len(), s.counts.len());
             i32_le(&mut out, nval as i64);
@@ -433,5 +435,90 @@ fn rows_to_chunks(rows: i64, chunk_size: u32) -> u32 {
         return 0;
     }
     let c = i64::from(chunk_size);
-    ((rows + c / 2) / c) as u32
+    (rows.saturating_add(c / 2) / c).min(i64::from(u32::MAX)) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Imatrix {
+        let mut m = Imatrix::new(4);
+        let x: Vec<f32> = (0..32).map(|i| i as f32 * 0.25 - 3.0).collect();
+        m.add_rows("blk.0.attn_q.weight", &x, 8).unwrap();
+        m.add_rows("blk.1.attn_q.weight", &x, 8).unwrap();
+        m.add_expert_row("blk.0.ffn_up_exps.weight", 1, 3, &x[..8])
+            .unwrap();
+        m
+    }
+
+    #[test]
+    fn sums_counts_and_a_written_file_read_back() {
+        let m = sample();
+        let s = &m.stats["blk.0.attn_q.weight"];
+        assert_eq!(s.counts, [4]);
+        // Column 0 saw -3, -1, 1, 3.
+        assert_eq!(s.values[0], 9.0 + 1.0 + 1.0 + 9.0);
+        assert_eq!(s.activations[0], 0.0);
+        assert_eq!(m.stats["blk.0.ffn_up_exps.weight"].counts, [0, 1, 0]);
+        assert_eq!(m.partial(), [("blk.0.ffn_up_exps.weight", 100.0 / 3.0)]);
+        let loaded = read_bytes(&m.gguf_bytes(Some("text.txt")).unwrap()).unwrap();
+        assert_eq!(loaded.datasets, ["text.txt"]);
+        assert_eq!((loaded.chunk_size, loaded.chunk_count), (4, 1));
+        let e = &loaded.entries["blk.0.attn_q.weight"];
+        assert_eq!((&e.sums, &e.counts), (&s.values, &vec![4]));
+        // Merged twice: every sum and count doubles.
+        let mut twice = Imatrix::new(512);
+        twice.merge(loaded.clone()).unwrap();
+        twice.merge(loaded).unwrap();
+        assert_eq!(twice.chunk_size(), 4, "a merged file's chunk size wins");
+        assert_eq!(twice.stats["blk.0.attn_q.weight"].counts, [8]);
+        assert_eq!(twice.stats["blk.0.attn_q.weight"].values[0], 40.0);
+        // The quantiser's weights: the mean square, 1 for an expert with no row.
+        let w = read_bytes(&twice.gguf_bytes(None).unwrap())
+            .unwrap()
+            .quant_weights();
+        assert_eq!(w["blk.0.attn_q.weight"][0], 5.0);
+        assert_eq!(w["blk.0.ffn_up_exps.weight"][0], 1.0);
+    }
+
+    #[test]
+    fn a_size_that_changes_is_an_error_not_a_panic() {
+        let mut m = sample();
+        let e = m
+            .add_rows("blk.0.attn_q.weight", &[1.0; 32], 16)
+            .unwrap_err();
+        assert!(e.to_string().contains("inconsistent size"), "{e}");
+        let e = m
+            .add_expert_row("blk.0.ffn_up_exps.weight", 0, 4, &[1.0; 6])
+            .unwrap_err();
+        assert!(e.to_string().contains("inconsistent size"), "{e}");
+        let e = m
+            .add_rows("blk.2.attn_q.weight", &[f32::INFINITY; 8], 8)
+            .unwrap_err();
+        assert!(e.to_string().contains("non-finite"), "{e}");
+    }
+
+    #[test]
+    fn absurd_counts_and_truncated_files_are_refused() {
+        let mut m = sample();
+        m.stats.get_mut("blk.0.attn_q.weight").unwrap().counts[0] = i64::MAX;
+        let bytes = m.gguf_bytes(None).unwrap();
+        assert!(read_bytes(&bytes).unwrap_err().contains("is not a count"));
+        let good = sample().gguf_bytes(None).unwrap();
+        assert!(
+            read_bytes(&good[..good.len() / 2])
+                .unwrap_err()
+                .contains("GGUF")
+        );
+        let dat = sample().dat_bytes(Some("t"));
+        let legacy = read_bytes(&dat).unwrap();
+        assert!(legacy.legacy && legacy.datasets == ["t"]);
+        assert!(
+            read_bytes(&dat[..dat.len() / 3])
+                .unwrap_err()
+                .contains("truncated")
+        );
+        assert!(read_bytes(&[0, 0, 0, 0]).unwrap_err().contains("no data"));
+    }
 }
