@@ -492,7 +492,7 @@ mod tests {
         let e = m
             .add_expert_row("blk.0.ffn_up_exps.weight", 0, 4, &[1.0; 6])
             .unwrap_err();
-        assert!(e.to_string().contains("inconsistent size"), "{e}");
+        assert!(e.to_string().contains("inconsistent expert count"), "{e}");
         let e = m
             .add_rows("blk.2.attn_q.weight", &[f32::INFINITY; 8], 8)
             .unwrap_err();
