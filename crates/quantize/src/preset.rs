@@ -29,6 +29,14 @@ pub enum Ftype {
     Q6_K,
     IQ4_NL,
     IQ4_XS,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+    IQ2_M,
+    IQ3_XXS,
+    IQ3_XS,
+    IQ3_S,
+    IQ3_M,
 }
 
 use Ftype as F;
@@ -55,6 +63,15 @@ const FTYPES: &[(Ftype, u32, GgmlType)] = &[
     (F::Q2_K_S, 21, GgmlType::Q2_K),
     (F::IQ4_NL, 25, GgmlType::IQ4_NL),
     (F::IQ4_XS, 30, GgmlType::IQ4_XS),
+    (F::IQ2_XXS, 19, GgmlType::IQ2_XXS),
+    (F::IQ2_XS, 20, GgmlType::IQ2_XS),
+    (F::IQ3_XS, 22, GgmlType::IQ3_S),
+    (F::IQ3_XXS, 23, GgmlType::IQ3_XXS),
+    (F::IQ3_S, 26, GgmlType::IQ3_S),
+    (F::IQ3_M, 27, GgmlType::IQ3_S),
+    // IQ2_S's tensors default to IQ2_XS, IQ2_M's to IQ2_S (llama.cpp's table).
+    (F::IQ2_S, 28, GgmlType::IQ2_XS),
+    (F::IQ2_M, 29, GgmlType::IQ2_S),
     (F::BF16, 32, GgmlType::BF16),
 ];
 
@@ -78,6 +95,14 @@ pub const NAMES: &[(&str, Ftype)] = &[
     ("Q5_K_S", F::Q5_K_S),
     ("Q5_K_M", F::Q5_K_M),
     ("Q6_K", F::Q6_K),
+    ("IQ2_XXS", F::IQ2_XXS),
+    ("IQ2_XS", F::IQ2_XS),
+    ("IQ2_S", F::IQ2_S),
+    ("IQ2_M", F::IQ2_M),
+    ("IQ3_XXS", F::IQ3_XXS),
+    ("IQ3_S", F::IQ3_S),
+    ("IQ3_M", F::IQ3_M),
+    ("IQ3_XS", F::IQ3_XS),
     ("IQ4_NL", F::IQ4_NL),
     ("IQ4_XS", F::IQ4_XS),
     ("Q8_0", F::Q8_0),
@@ -87,25 +112,17 @@ pub const NAMES: &[(&str, Ftype)] = &[
     ("COPY", F::AllF32),
 ];
 
-/// llama-quantize's names for what llamay does not write (the i-quants below 4 bits,
-/// ternary, MXFP4, the 1- and 2-bit block types): their quantisers are not proven
-/// byte-identical to llama.cpp's.
+/// llama-quantize's names for what llamay does not write (the 1-bit i-quants, ternary,
+/// MXFP4, the 1- and 2-bit block types): their quantisers are not proven byte-identical
+/// to llama.cpp's.
 const NOT_WRITTEN: &[&str] = &[
     "Q1_0",
     "Q2_0",
     "MXFP4_MOE",
-    "IQ2_XXS",
-    "IQ2_XS",
-    "IQ2_S",
-    "IQ2_M",
     "IQ1_S",
     "IQ1_M",
     "TQ1_0",
     "TQ2_0",
-    "IQ3_XXS",
-    "IQ3_S",
-    "IQ3_M",
-    "IQ3_XS",
     "NVFP4",
 ];
 
@@ -150,7 +167,7 @@ impl Ftype {
         let names = NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" ");
         if NOT_WRITTEN.contains(&upper.as_str()) {
             return Err(format!(
-                "{upper}: llamay does not write the i-quants below 4 bits, ternary, MXFP4 or 1-/2-bit block types (it reads them; its quantisers are only those proven byte-identical to llama.cpp's); it writes: {names}"
+                "{upper}: llamay does not write the 1-bit i-quants, ternary, MXFP4 or 1-/2-bit block types (its quantisers are only those proven byte-identical to llama.cpp's); it writes: {names}"
             ));
         }
         Err(format!(
@@ -376,7 +393,12 @@ fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
         GgmlType::Q4_K => GgmlType::Q5_0,
         GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
-        GgmlType::IQ4_XS => GgmlType::IQ4_NL,
+        GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ3_S
+        | GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         other => other,
     };
     if ne0.is_multiple_of(to.block_size()) {
@@ -386,12 +408,16 @@ fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
     }
 }
 
-/// llama.cpp's `tensor_requires_imatrix` for the types llamay writes: a Q2_K matrix of
+/// llama.cpp's `tensor_requires_imatrix`: the 1-, 2- and IQ3_XXS-bit i-quants, and a Q2_K matrix of
 /// a Q2_K_S file, the embedding and the output excepted.
 pub(crate) fn requires_imatrix(name: &str, to: GgmlType, ftype: Ftype) -> bool {
-    ftype == Ftype::Q2_K_S
-        && to == GgmlType::Q2_K
-        && !matches!(category(name), Category::Output | Category::TokenEmbd)
+    use GgmlType as T;
+    let needs = match to {
+        T::IQ3_XXS | T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ1_M | T::IQ1_S => true,
+        T::Q2_K => ftype == Ftype::Q2_K_S,
+        _ => false,
+    };
+    needs && !matches!(category(name), Category::Output | Category::TokenEmbd)
 }
 
 /// What the user asked for beside the file type (llama-quantize's flags).
@@ -446,6 +472,7 @@ pub struct Planner<'a> {
     has_imatrix: bool,
     tied_embeddings: bool,
     n_attention_wv: u32,
+    n_ffn_down: u32,
     i_attention_wv: u32,
     i_ffn_down: u32,
     i_ffn_gate: u32,
@@ -462,11 +489,12 @@ impl<'a> Planner<'a> {
         overrides: &'a Overrides,
         names: impl Iterator<Item = &'n str>,
     ) -> Self {
-        let mut n_attention_wv = 0;
+        let (mut n_attention_wv, mut n_ffn_down) = (0, 0);
         let mut tied_embeddings = true;
         for name in names {
             let c = category(name);
             n_attention_wv += u32::from(c.is_attn_v());
+            n_ffn_down += u32::from(c == Category::FfnDown);
             tied_embeddings &= c != Category::Output;
         }
         Planner {
@@ -477,6 +505,7 @@ impl<'a> Planner<'a> {
             has_imatrix: false,
             tied_embeddings,
             n_attention_wv,
+            n_ffn_down,
             i_attention_wv: 0,
             i_ffn_down: 0,
             i_ffn_gate: 0,
@@ -484,7 +513,7 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// Plans under an importance matrix (two ffn_down rules depend on it).
+    /// Plans under an importance matrix (some ffn_down and attn_v rules depend on it).
     pub fn with_imatrix(mut self, has: bool) -> Self {
         self.has_imatrix = has;
         self
@@ -556,13 +585,22 @@ impl<'a> Planner<'a> {
             let nx = shape.first().copied().unwrap_or(1);
             if falcon || nx % default.block_size() != 0 {
                 ty = T::Q8_0;
+            } else if matches!(f, F::IQ2_XXS | F::IQ2_XS | F::IQ3_XXS | F::IQ2_S | F::IQ2_M) {
+                ty = T::Q5_K;
             } else if ty != T::Q8_0 {
                 ty = T::Q6_K;
             }
             return Ok(ty);
         }
         if cat == Category::TokenEmbd {
-            return Ok(ty);
+            return Ok(match f {
+                F::IQ2_XXS | F::IQ2_XS => T::Q2_K,
+                F::IQ2_S | F::IQ2_M | F::IQ3_XXS => T::IQ3_S,
+                _ => ty,
+            });
+        }
+        if matches!(f, F::IQ2_XXS | F::IQ2_XS | F::IQ2_S | F::IQ2_M) {
+            return Ok(self.two_bit(f, cat, ty));
         }
         if cat.is_attn_v() {
             let gqa4 = facts.n_gqa >= 4;
@@ -570,6 +608,11 @@ impl<'a> Planner<'a> {
                 F::Q2_K if gqa4 => T::Q4_K,
                 F::Q2_K => T::Q3_K,
                 F::Q2_K_S if gqa4 => T::Q4_K,
+                F::IQ3_XXS if gqa4 => T::Q4_K,
+                F::IQ3_XXS if !self.has_imatrix => T::IQ3_S,
+                F::IQ3_XXS => T::IQ3_XXS,
+                F::IQ3_XS | F::IQ3_S if gqa4 => T::Q4_K,
+                F::IQ3_M => T::Q4_K,
                 F::Q3_K_M if self.i_attention_wv < 2 => T::Q5_K,
                 F::Q3_K_M => T::Q4_K,
                 F::Q3_K_L => T::Q5_K,
@@ -593,14 +636,27 @@ impl<'a> Planner<'a> {
         }
         match cat {
             Category::AttnK if facts.n_expert == 8 => ty = T::Q8_0,
+            Category::AttnK | Category::AttnQ => {
+                ty = match f {
+                    F::IQ3_XS => T::IQ3_XXS,
+                    F::IQ3_XXS => T::IQ2_S,
+                    _ => ty,
+                }
+            }
             Category::FfnDown => {
                 let (i, n) = self.layer(self.i_ffn_down, name)?;
                 ty = match f {
                     F::Q2_K => T::Q3_K,
                     F::Q2_K_S if i < n / 8 => T::Q4_K,
+                    F::Q2_K_S => ty,
+                    F::IQ3_XXS if !self.has_imatrix && i < n / 8 => T::Q4_K,
+                    F::IQ3_XXS if !self.has_imatrix => T::Q3_K,
                     F::Q3_K_M if i < n / 16 => T::Q5_K,
                     F::Q3_K_M if !falcon || use_more_bits(i, n) => T::Q4_K,
                     F::Q3_K_M => T::Q3_K,
+                    F::IQ3_M if i < n / 8 || (facts.n_expert == 8 && use_more_bits(i, n)) => {
+                        T::Q4_K
+                    }
                     F::Q3_K_L if falcon => T::Q4_K,
                     F::Q3_K_L => T::Q5_K,
                     F::Q4_K_M if falcon && i < n / 16 => T::Q6_K,
@@ -627,13 +683,18 @@ impl<'a> Planner<'a> {
                             | F::Q4_K_M
                             | F::IQ4_NL
                             | F::IQ4_XS
+                            | F::IQ3_XS
+                            | F::IQ3_XXS
+                            | F::IQ3_S
+                            | F::IQ3_M
                     ) {
                         ty = T::Q5_K;
                     }
                 } else {
                     ty = match f {
                         F::Q2_K => T::Q3_K,
-                        F::Q3_K_M => T::Q4_K,
+                        F::IQ3_XXS => T::IQ3_S,
+                        F::Q3_K_M | F::IQ3_M => T::Q4_K,
                         F::Q3_K_L => T::Q5_K,
                         _ => ty,
                     };
@@ -642,25 +703,56 @@ impl<'a> Planner<'a> {
             Category::AttnOutput if f == F::Q3_K_L => ty = T::Q4_K,
             Category::AttnQkv => {
                 ty = match f {
-                    F::Q3_K_M | F::Q3_K_L => T::Q4_K,
+                    F::Q3_K_M | F::Q3_K_L | F::IQ3_M => T::Q4_K,
                     F::Q4_K_M => T::Q5_K,
                     F::Q5_K_M => T::Q6_K,
                     _ => ty,
                 };
             }
-            Category::FfnGate => {
-                // The layer is read (an expert tensor's name must give it) though no
-                // file type llamay writes changes the type here.
-                self.layer(self.i_ffn_gate, name)?;
-                self.i_ffn_gate += 1;
-            }
-            Category::FfnUp => {
-                self.layer(self.i_ffn_up, name)?;
-                self.i_ffn_up += 1;
+            Category::FfnGate | Category::FfnUp => {
+                let counter = match cat {
+                    Category::FfnGate => &mut self.i_ffn_gate,
+                    _ => &mut self.i_ffn_up,
+                };
+                let at = *counter;
+                *counter += 1;
+                let (i, n) = self.layer(at, name)?;
+                if f == F::IQ3_XS && i >= n / 8 && i < 7 * n / 8 {
+                    ty = T::IQ3_XXS;
+                }
             }
             _ => {}
         }
         Ok(ty)
+    }
+
+    /// The 2-bit i-quant presets' own branch of llama.cpp's rules (IQ2_XXS, IQ2_XS,
+    /// IQ2_S, IQ2_M): attn_v, 8-expert attn_k, the first eighth of ffn_down (by its
+    /// counter) and attn_output; everything else keeps the default.
+    fn two_bit(&mut self, f: Ftype, cat: Category, default: GgmlType) -> GgmlType {
+        use GgmlType as T;
+        let facts = self.facts;
+        let s_or_m = matches!(f, F::IQ2_S | F::IQ2_M);
+        let low = if s_or_m { T::IQ3_S } else { T::Q2_K };
+        if cat.is_attn_v() {
+            self.i_attention_wv += 1;
+            return if facts.n_gqa >= 4 || facts.n_expert >= 4 {
+                T::Q4_K
+            } else {
+                low
+            };
+        }
+        match cat {
+            Category::AttnK if facts.n_expert == 8 => T::Q4_K,
+            Category::FfnDown => {
+                let first_eighth = self.i_ffn_down < self.n_ffn_down / 8;
+                self.i_ffn_down += 1;
+                if first_eighth { low } else { default }
+            }
+            Category::AttnOutput if facts.n_expert == 8 => T::Q5_K,
+            Category::AttnOutput if s_or_m => T::IQ3_S,
+            _ => default,
+        }
     }
 
     /// (layer, layers) for a per-layer rule: the role's counter, or for a mixture of
@@ -799,7 +891,7 @@ mod tests {
         assert!(
             Ftype::parse("TQ1_0")
                 .unwrap_err()
-                .contains("does not write the i-quants below 4 bits")
+                .contains("does not write the 1-bit i-quants")
         );
         assert!(Ftype::parse("Q8_K").unwrap_err().contains("unknown"));
     }
