@@ -1,7 +1,8 @@
 //! `llamay imatrix`: llama-imatrix's importance matrix. The text is tokenised and cut
 //! into chunks of `-c` tokens as `llamay perplexity` cuts it (BOS first in each chunk);
-//! every chunk is evaluated with all its logits asked for, so that each layer runs on
-//! every token, and the rows each weight matrix multiplies are summed per column
+//! every layer runs on every token of a chunk (as llama-imatrix makes it by asking for
+//! all logits; here only the scored ones are asked for), and the rows each weight
+//! matrix multiplies are summed per column
 //! (`llamay_imatrix::Imatrix`): Σx² and Σx, and the rows, per expert for stacked
 //! expert tensors. As llama-imatrix: only the blocks' matrices unless
 //! `--process-output`, products of fewer than 16 rows skipped, the perplexity of each
@@ -208,14 +209,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let chunk = &tokens[i * n_ctx..(i + 1) * n_ctx];
         let pass = Instant::now();
         let seq = ctx.new_sequence();
-        // Every position's logits: the last layer then runs on every token (as
-        // llama-imatrix asks for them all), and the second half is scored.
+        // Every layer runs on every token whatever is asked for (the engine picks the
+        // rows for the head after the last layer), so only the scored positions' logits
+        // are computed — every position's with --process-output, whose head input is
+        // summed (llama-imatrix asks for them all, to make its last layer run on all).
+        let first = n_ctx / 2;
         let batch: Vec<BatchToken> = (chunk.iter().enumerate())
             .map(|(p, &t)| BatchToken {
                 seq,
                 token: if p == 0 { bos.unwrap_or(t) } else { t },
                 pos: p,
-                logits: true,
+                logits: args.process_output
+                    || p + 1 == n_ctx
+                    || (!args.no_ppl && p >= first),
             })
             .collect();
         let logits = ctx.decode(&batch)?;
@@ -231,8 +237,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             );
         }
         if !args.no_ppl {
-            for p in n_ctx / 2..n_ctx - 1 {
-                let loss = super::perplexity::token_nll(logits.row(p), chunk[p + 1]);
+            for (r, &p) in logits.index.iter().enumerate() {
+                if p < first || p + 1 >= n_ctx {
+                    continue;
+                }
+                let loss = super::perplexity::token_nll(logits.row(r), chunk[p + 1]);
                 nll += loss;
                 nll2 += loss * loss;
                 count += 1;
