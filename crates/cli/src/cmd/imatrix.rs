@@ -219,9 +219,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 seq,
                 token: if p == 0 { bos.unwrap_or(t) } else { t },
                 pos: p,
-                logits: args.process_output
-                    || p + 1 == n_ctx
-                    || (!args.no_ppl && p >= first),
+                logits: args.process_output || p + 1 == n_ctx || (!args.no_ppl && p >= first),
             })
             .collect();
         let logits = ctx.decode(&batch)?;
