@@ -502,7 +502,7 @@ fn quantize_refusals_leave_no_output() {
     );
     assert_error(
         &llamay(&["quantize", i, o, "TQ2_0"]),
-        "does not write the i-quants below 4 bits, ternary",
+        "does not write the 1-bit i-quants, ternary",
     );
     assert_error(&llamay(&["quantize", i, "/", "Q8_0"]), "is a directory");
     assert_error(
