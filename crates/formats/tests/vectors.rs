@@ -76,6 +76,14 @@ fn diff_rows(what: &str, names: &[String], got: &[u8], want: &[u8], failures: &m
     assert_eq!(got.len(), want.len(), "{what}");
     let row = want.len() / names.len();
     for (r, row_name) in names.iter().enumerate() {
+        // The rows holding 1e30 overflow f32 in the weighted and i-quant searches: the
+        // scales come out NaN from inf − inf, and a NaN made by an invalid operation
+        // has the host's default sign (negative on x86, positive on ARM, RISC-V,
+        // POWER, s390x), in C as in Rust. The vectors are x86's; elsewhere those
+        // garbage blocks are the host's own C bytes, not x86's.
+        if !cfg!(target_arch = "x86_64") && row_name.contains("1e30") {
+            continue;
+        }
         if got[r * row..(r + 1) * row] != want[r * row..(r + 1) * row] {
             failures.push(format!("{what}: row {r} ({row_name})"));
         }
