@@ -146,7 +146,7 @@ fn read_gguf(file: &GgufFile<'_>) -> Result<Loaded, String> {
         let sums = f32s(in_sum2)?;
         let counts = f32s(counts)?;
         // Rows counted: whole numbers an f32 holds (2^53 is far beyond any run).
-        if let Some(c) = counts.iter().find(|c| !(0.0..=9.0e15).contains(*c)) {
+        if let Some(c) = (counts.iter()).find(|c| !(0.0..=crate::MAX_COUNT as f32).contains(*c)) {
             return Err(format!("{name}: a row count of {c} is not a count"));
         }
         if counts.is_empty() || !sums.len().is_multiple_of(counts.len()) {

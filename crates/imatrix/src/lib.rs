@@ -261,6 +261,14 @@ impl Imatrix {
             }
         }
         self.datasets.extend(loaded.datasets);
+        // What is written must read back: a count beyond any run is refused here too.
+        if let Some((name, _)) =
+            (self.stats.iter()).find(|(_, s)| s.counts.iter().any(|&c| c > MAX_COUNT))
+        {
+            return Err(ImatrixError::Mismatch(format!(
+                "{name}: the merged row count exceeds {MAX_COUNT}"
+            )));
+        }
         Ok(())
     }
 
@@ -428,6 +436,9 @@ impl Imatrix {
         out
     }
 }
+
+/// The most rows a count may hold (far beyond any run; what a file may say).
+pub(crate) const MAX_COUNT: i64 = 9_000_000_000_000_000;
 
 /// Rows to chunks, rounded to the nearest (llama-imatrix's `rows_to_chunks`).
 fn rows_to_chunks(rows: i64, chunk_size: u32) -> u32 {
