@@ -175,16 +175,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         tokens.drain(..args.skip_chunks * n_ctx);
     }
-    if tokens.len() < 2 * n_ctx {
-        bail!(
-            "{} tokenizes to {} tokens; a context of {n_ctx} needs at least {}",
-            text_file.display(),
-            tokens.len(),
-            2 * n_ctx
-        );
-    }
-    let n_chunk_max = tokens.len() / n_ctx;
-    let n_chunk = args.chunks.map_or(n_chunk_max, |c| c.min(n_chunk_max));
+    let n_chunk = super::perplexity::chunk_count(text_file, tokens.len(), n_ctx, args.chunks)?;
     if n_chunk == 0 {
         bail!("--chunks 0: run at least one chunk");
     }

@@ -94,16 +94,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let text = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let tokens = tok.encode(&text, true, false);
-    if tokens.len() < 2 * n_ctx {
-        bail!(
-            "{} tokenizes to {} tokens; a context of {n_ctx} needs at least {}",
-            file.display(),
-            tokens.len(),
-            2 * n_ctx
-        );
-    }
-    let n_chunk_max = tokens.len() / n_ctx;
-    let n_chunk = args.chunks.map_or(n_chunk_max, |c| c.min(n_chunk_max));
+    let n_chunk = chunk_count(file, tokens.len(), n_ctx, args.chunks)?;
     let first = n_ctx / 2;
     eprintln!(
         "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}, scoring positions {first}..{}",
@@ -161,6 +152,25 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let (ppl, err) = estimate(nll, nll2, count);
     writeln!(out, "Final estimate: PPL = {ppl:.4} +/- {err:.5}")?;
     Ok(())
+}
+
+/// How many chunks of `n_ctx` tokens `n_tokens` make (at most `chunks`): llama.cpp's
+/// tools need two chunks' worth at least.
+pub(crate) fn chunk_count(
+    file: &std::path::Path,
+    n_tokens: usize,
+    n_ctx: usize,
+    chunks: Option<usize>,
+) -> anyhow::Result<usize> {
+    if n_tokens < 2 * n_ctx {
+        bail!(
+            "{} tokenizes to {n_tokens} tokens; a context of {n_ctx} needs at least {}",
+            file.display(),
+            2 * n_ctx
+        );
+    }
+    let n_chunk_max = n_tokens / n_ctx;
+    Ok(chunks.map_or(n_chunk_max, |c| c.min(n_chunk_max)))
 }
 
 /// −log p(target) under the softmax of `row`.
