@@ -79,6 +79,29 @@ impl CacheType {
     }
 }
 
+/// Most buffers one of the KV caches (keys, or values) is split over: a device binds a
+/// limited range per buffer (`Device::max_buffer_len`; lavapipe's is 128 MiB, less than
+/// a serve's default pool of the smallest Gemma). The kernels bind this many per cache.
+pub const CACHE_PARTS: usize = 8;
+
+/// Keys or values of a KV pool on a device: page `id` is page `id % pages_per_part` of
+/// buffer `parts[id / pages_per_part]`. Both caches split at the same pages. Parts past
+/// those the pool needs repeat the first (every binding must name a buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheBufs {
+    pub parts: [DeviceBuf; CACHE_PARTS],
+    pub pages_per_part: usize,
+}
+
+impl CacheBufs {
+    /// The buffer holding page `page` and the offset of that page in it, for pages of
+    /// `page_words` 32-bit words.
+    pub fn locate(&self, page: usize, page_words: usize) -> (DeviceBuf, usize) {
+        let part = page / self.pages_per_part;
+        (self.parts[part], (page % self.pages_per_part) * page_words)
+    }
+}
+
 /// One step of a block over device buffers; offsets and lengths count values.
 #[derive(Clone, Copy, Debug)]
 pub enum Op {
@@ -160,8 +183,8 @@ pub enum Op {
         targets: DeviceBuf,
         /// Where this step's targets start in `targets`.
         targets_offset: usize,
-        k_cache: DeviceBuf,
-        v_cache: DeviceBuf,
+        k_cache: CacheBufs,
+        v_cache: CacheBufs,
         cache: CacheType,
     },
     /// Attention of `n` query rows over their sequences' cached positions.
@@ -171,8 +194,8 @@ pub enum Op {
     Attention {
         q: DeviceBuf,
         n: usize,
-        k_cache: DeviceBuf,
-        v_cache: DeviceBuf,
+        k_cache: CacheBufs,
+        v_cache: CacheBufs,
         cache: CacheType,
         tables: DeviceBuf,
         slots: DeviceBuf,
@@ -211,6 +234,8 @@ pub trait Device: Send {
     fn describe(&self) -> String;
     /// Why the device declines weights of format `ty`, or `None` when it runs them.
     fn declines(&self, ty: GgmlType) -> Option<String>;
+    /// The most 32-bit values one buffer a kernel binds may hold.
+    fn max_buffer_len(&self) -> usize;
     /// A buffer of `len` 32-bit values; `what` names it in errors.
     fn alloc(&mut self, len: usize, what: &str) -> Result<DeviceBuf, DeviceError>;
     fn free(&mut self, buf: DeviceBuf);

@@ -13,7 +13,8 @@ use crate::backend::Backend;
 use crate::context::{Context, ContextError, ContextParams};
 use crate::cpu::MatmulInput;
 use crate::device::{
-    CacheType, Device, DeviceBuf, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
+    CACHE_PARTS, CacheBufs, CacheType, Device, DeviceBuf, DeviceError, DeviceMatrix, Glu, NormOp,
+    Op, Unary,
 };
 use crate::forward::Scratch;
 use crate::kv::{KvPool, KvPrecision, PAGE, SeqId, first_seen};
@@ -38,9 +39,10 @@ pub(crate) struct DeviceState {
     matrices: HashMap<usize, DeviceMatrix>,
     /// Norm weights, biases and sinks, by the address of their host copy.
     vectors: HashMap<usize, DeviceBuf>,
-    /// The KV pool's pages: `budget × PAGE` rows of k_dim (v_dim) values, f32 or f16.
-    k_cache: DeviceBuf,
-    v_cache: DeviceBuf,
+    /// The KV pool's pages: `budget × PAGE` rows of k_dim (v_dim) values, f32 or f16,
+    /// split over buffers the device can bind.
+    k_cache: CacheBufs,
+    v_cache: CacheBufs,
     cache: CacheType,
     /// ggml's f16 GELU table (see `Op::Unary`).
     gelu: DeviceBuf,
@@ -159,9 +161,11 @@ impl Model<'_> {
         // the device and the CPU).
         let cache = cache_type(p.kv).expect("refused above");
         let c = &self.config;
-        let rows = ctx.kv.page_budget().max(1) * PAGE;
-        let (k_words, v_words) = (cache.words(rows * c.k_dim()), cache.words(rows * c.v_dim()));
-        let kv_bytes = (k_words + v_words) as u64 * 4;
+        let pages = ctx.kv.page_budget().max(1);
+        let page_words = (PAGE * cache.words(c.k_dim()), PAGE * cache.words(c.v_dim()));
+        let kv_bytes = (pages * (page_words.0 + page_words.1)) as u64 * 4;
+        let pages_per_part = cache_split(pages, page_words.0.max(page_words.1), &*dev)
+            .map_err(ContextError::Device)?;
         // The matrices the device takes, each once (a tied output is the embedding).
         let mut seen = std::collections::HashSet::new();
         let placed: Vec<&Linear<'_>> = (self.weights.linears())
@@ -198,9 +202,11 @@ impl Model<'_> {
             dev.write_f32(buf, 0, v).map_err(failed)?;
             vectors.insert(key, buf);
         }
-        let k_cache = (dev.alloc(k_words, "the KV cache's keys (-c sizes it)")).map_err(failed)?;
-        let v_cache =
-            (dev.alloc(v_words, "the KV cache's values (-c sizes it)")).map_err(failed)?;
+        let mut place = |words, what| {
+            alloc_cache(&mut *dev, pages, pages_per_part, words, what).map_err(failed)
+        };
+        let k_cache = place(page_words.0, "the KV cache's keys (-c sizes it)")?;
+        let v_cache = place(page_words.1, "the KV cache's values (-c sizes it)")?;
         let table = crate::ops::gelu_table();
         let words: Vec<u32> = (table.chunks(2))
             .map(|p| u32::from(p[0]) | u32::from(p[1]) << 16)
@@ -270,14 +276,11 @@ impl DeviceState {
         let (kw, vw) = (self.cache.words(kd), self.cache.words(vd));
         let failed = |e: DeviceError| crate::KvError::Device(e.to_string());
         for id in kv.pages_of_seq(s)? {
-            let row0 = id as usize * PAGE;
             let (mut k, mut v) = (vec![0f32; PAGE * kw], vec![0f32; PAGE * vw]);
-            self.dev
-                .read(self.k_cache, row0 * kw, &mut k)
-                .map_err(failed)?;
-            self.dev
-                .read(self.v_cache, row0 * vw, &mut v)
-                .map_err(failed)?;
+            let (kb, ko) = self.k_cache.locate(id as usize, PAGE * kw);
+            let (vb, vo) = self.v_cache.locate(id as usize, PAGE * vw);
+            self.dev.read(kb, ko, &mut k).map_err(failed)?;
+            self.dev.read(vb, vo, &mut v).map_err(failed)?;
             for slot in 0..PAGE {
                 let kr = self.decode_row(&k[slot * kw..(slot + 1) * kw]);
                 let vr = self.decode_row(&v[slot * vw..(slot + 1) * vw]);
@@ -298,19 +301,16 @@ impl DeviceState {
         let (kw, vw) = (self.cache.words(cfg.k_dim()), self.cache.words(cfg.v_dim()));
         let failed = |e: DeviceError| crate::KvError::Device(e.to_string());
         for id in kv.pages_of_seq(s)? {
-            let row0 = id as usize * PAGE;
             let (mut k, mut v) = (Vec::with_capacity(PAGE * kw), Vec::with_capacity(PAGE * vw));
             for slot in 0..PAGE {
                 let (kr, vr) = kv.read_row(id, slot);
                 k.extend(self.encode_row(&kr));
                 v.extend(self.encode_row(&vr));
             }
-            self.dev
-                .write_u32(self.k_cache, row0 * kw, &k)
-                .map_err(failed)?;
-            self.dev
-                .write_u32(self.v_cache, row0 * vw, &v)
-                .map_err(failed)?;
+            let (kb, ko) = self.k_cache.locate(id as usize, PAGE * kw);
+            let (vb, vo) = self.v_cache.locate(id as usize, PAGE * vw);
+            self.dev.write_u32(kb, ko, &k).map_err(failed)?;
+            self.dev.write_u32(vb, vo, &v).map_err(failed)?;
         }
         Ok(())
     }
@@ -323,6 +323,47 @@ impl DeviceState {
     pub(crate) fn describe(&self) -> String {
         self.dev.describe()
     }
+}
+
+/// Pages per buffer when `pages` pages of at most `page_words` words are split over
+/// buffers `dev` can bind; refused, naming the sizes, when that takes more than
+/// [`CACHE_PARTS`] buffers.
+fn cache_split(pages: usize, page_words: usize, dev: &dyn Device) -> Result<usize, String> {
+    let limit = dev.max_buffer_len();
+    let per_part = limit / page_words.max(1);
+    let mib = |words: usize| words as f64 * 4.0 / (1u64 << 20) as f64;
+    if per_part == 0 || pages.div_ceil(per_part) > CACHE_PARTS {
+        return Err(format!(
+            "{} binds at most {:.0} MiB per buffer; this KV cache needs {:.0} MiB for its keys or values, more than the {CACHE_PARTS} buffers a cache is split over (lower -c, or --parallel)",
+            dev.describe(),
+            mib(limit),
+            mib(pages * page_words)
+        ));
+    }
+    Ok(per_part.min(pages))
+}
+
+/// One of the caches: `pages` pages of `page_words` words, `pages_per_part` to a buffer.
+fn alloc_cache(
+    dev: &mut dyn Device,
+    pages: usize,
+    pages_per_part: usize,
+    page_words: usize,
+    what: &str,
+) -> Result<CacheBufs, DeviceError> {
+    let first = dev.alloc(pages_per_part.min(pages) * page_words, what)?;
+    let mut parts = [first; CACHE_PARTS];
+    for (i, part) in parts.iter_mut().enumerate().skip(1) {
+        let held = (i * pages_per_part).min(pages);
+        let n = pages_per_part.min(pages - held);
+        if n > 0 {
+            *part = dev.alloc(n * page_words, what)?;
+        }
+    }
+    Ok(CacheBufs {
+        parts,
+        pages_per_part,
+    })
 }
 
 /// Grows `a` to hold `len` values (contents not kept) and marks `len` of them.
@@ -401,9 +442,11 @@ impl<'s, 'm> OnDevice<'s, 'm> {
         let dev = &mut *st.dev;
         let (kd, vd) = (st.cache.words(cfg.k_dim()), st.cache.words(cfg.v_dim()));
         for (from, to) in kv.take_copies() {
-            let (f, t) = (from as usize * PAGE, to as usize * PAGE);
-            dev.copy(st.k_cache, f * kd, st.k_cache, t * kd, PAGE * kd)?;
-            dev.copy(st.v_cache, f * vd, st.v_cache, t * vd, PAGE * vd)?;
+            for (cache, words) in [(st.k_cache, PAGE * kd), (st.v_cache, PAGE * vd)] {
+                let (fb, fo) = cache.locate(from as usize, words);
+                let (tb, to) = cache.locate(to as usize, words);
+                dev.copy(fb, fo, tb, to, words)?;
+            }
         }
         let targets: Vec<u32> = (plan.targets.iter().flatten())
             .map(|&(page, slot)| (page as usize * PAGE + slot) as u32)

@@ -5,7 +5,8 @@
 // scores in order into the same online softmax (running max, running sum) and
 // accumulates its own dimensions of the output (d = lane, lane + 64, ...). A sink logit
 // joins the denominator at the end where the layer has sinks (gpt-oss).
-// Position p of a sequence lives at cache row tables[offset + p / PAGE] * PAGE + p % PAGE.
+// Position p of a sequence lives at cache row tables[offset + p / PAGE] * PAGE + p % PAGE,
+// in the part of the caches that holds that page (cache.glsl).
 // With -DKV_F16 the cache holds f16 (two to a word) and the query is rounded to f16
 // for Q.K, as the CPU's f16 cache computes it; products and sums stay f32.
 #extension GL_GOOGLE_include_directive : require
@@ -13,22 +14,19 @@
 
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
+#define CACHE_BINDING 1
+#include "cache.glsl"
 #ifdef KV_F16
-layout(std430, binding = 1) readonly buffer KC { uint kc[]; };
-layout(std430, binding = 2) readonly buffer VC { uint vc[]; };
-float key_at(uint i) { return f16_to_f32((kc[i >> 1] >> ((i & 1u) * 16u)) & 0xFFFFu); }
-float value_at(uint i) { return f16_to_f32((vc[i >> 1] >> ((i & 1u) * 16u)) & 0xFFFFu); }
-float query_at(uint i);
+float key_at(uint part, uint i) { return f16_to_f32((k_load(part, i >> 1) >> ((i & 1u) * 16u)) & 0xFFFFu); }
+float value_at(uint part, uint i) { return f16_to_f32((v_load(part, i >> 1) >> ((i & 1u) * 16u)) & 0xFFFFu); }
 #else
-layout(std430, binding = 1) readonly buffer KC { float kc[]; };
-layout(std430, binding = 2) readonly buffer VC { float vc[]; };
-float key_at(uint i) { return kc[i]; }
-float value_at(uint i) { return vc[i]; }
+float key_at(uint part, uint i) { return uintBitsToFloat(k_load(part, i)); }
+float value_at(uint part, uint i) { return uintBitsToFloat(v_load(part, i)); }
 #endif
-layout(std430, binding = 3) readonly buffer T { uint tables[]; };
-layout(std430, binding = 4) readonly buffer S { uint slots[]; };
-layout(std430, binding = 5) readonly buffer SK { float sinks[]; };
-layout(std430, binding = 6) writeonly buffer O { float o[]; };
+layout(std430, binding = 17) readonly buffer T { uint tables[]; };
+layout(std430, binding = 18) readonly buffer S { uint slots[]; };
+layout(std430, binding = 19) readonly buffer SK { float sinks[]; };
+layout(std430, binding = 20) writeonly buffer O { float o[]; };
 layout(push_constant) uniform P {
     uint n;
     uint n_head;
@@ -39,6 +37,7 @@ layout(push_constant) uniform P {
     float softcap;  // 0: none
     uint has_sinks;
     uint s_offset;  // where this layer's slots start (in values)
+    uint pages_per_part;
 } p;
 
 #ifdef KV_F16
@@ -47,15 +46,15 @@ float query_at(uint i) { return f16_to_f32(f32_to_f16(q[i])); }
 float query_at(uint i) { return q[i]; }
 #endif
 
-const uint PAGE = 64u;
 const uint TILE = 64u;
 // Value dimensions per invocation: heads of up to 8 * 64 = 512.
 const uint PER_LANE = 8u;
 
 shared float scores[TILE];
 
-uint cache_row(uint offset, uint pos) {
-    return tables[offset + pos / PAGE] * PAGE + pos % PAGE;
+// Position `pos` of the sequence whose page table starts at `offset`: (part, row).
+uvec2 cache_row(uint offset, uint pos) {
+    return cache_place(tables[offset + pos / PAGE] * PAGE + pos % PAGE, p.pages_per_part);
 }
 
 void main() {
@@ -80,10 +79,11 @@ void main() {
         uint pos = base + lane;
         float s = neg_inf;
         if (pos < end) {
-            uint kb = cache_row(offset, pos) * kd + kvh * p.hk;
+            uvec2 at = cache_row(offset, pos);
+            uint kb = at.y * kd + kvh * p.hk;
             s = 0.0;
             for (uint d = 0u; d < p.hk; d++) {
-                s += query_at(qb + d) * key_at(kb + d);
+                s += query_at(qb + d) * key_at(at.x, kb + d);
             }
             s *= p.scale;
             if (p.softcap > 0.0) {
@@ -99,11 +99,12 @@ void main() {
             float corr = exp(m - m2);
             float e = exp(sj - m2);
             l = l * corr + e;
-            uint vb = cache_row(offset, base + j) * vd + kvh * p.hv;
+            uvec2 at = cache_row(offset, base + j);
+            uint vb = at.y * vd + kvh * p.hv;
             for (uint i = 0u; i < PER_LANE; i++) {
                 uint d = lane + TILE * i;
                 if (d < p.hv) {
-                    acc[i] = acc[i] * corr + e * value_at(vb + d);
+                    acc[i] = acc[i] * corr + e * value_at(at.x, vb + d);
                 }
             }
             m = m2;

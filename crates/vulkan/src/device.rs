@@ -6,7 +6,8 @@ use crate::gpu::{BufferId, Gpu};
 use crate::kernels::Kernel;
 use crate::ops::{self, DeviceMatrix as VkMatrix, Q8Rows};
 use llamay_engine::device::{
-    CacheType, Device, DeviceBuf, DeviceCounters, DeviceError, DeviceMatrix, Glu, NormOp, Op, Unary,
+    CacheBufs, CacheType, Device, DeviceBuf, DeviceCounters, DeviceError, DeviceMatrix, Glu,
+    NormOp, Op, Unary,
 };
 use llamay_formats::GgmlType;
 
@@ -192,8 +193,10 @@ impl VulkanDevice {
                     u32_of(k_dim)?,
                     u32_of(v_dim)?,
                     u32_of(targets_offset)?,
+                    u32_of(k_cache.pages_per_part)?,
                 ];
-                let bufs = [b(k), b(v), b(targets), b(k_cache), b(v_cache)];
+                let mut bufs = vec![b(k), b(v), b(targets)];
+                bufs.extend(cache_bindings(&k_cache, &v_cache));
                 // f16 pages: an invocation per pair of values (a whole word).
                 let (kernel, items) = match cache {
                     CacheType::F32 => (Kernel::KvWrite, n * k_dim.max(v_dim)),
@@ -230,16 +233,11 @@ impl VulkanDevice {
                     shape.softcap.unwrap_or(0.0).to_bits(),
                     u32::from(sinks.is_some()),
                     u32_of(slots_offset)?,
+                    u32_of(k_cache.pages_per_part)?,
                 ];
-                let bufs = [
-                    b(q),
-                    b(k_cache),
-                    b(v_cache),
-                    b(tables),
-                    b(slots),
-                    opt(sinks, dummy),
-                    b(out),
-                ];
+                let mut bufs = vec![b(q)];
+                bufs.extend(cache_bindings(&k_cache, &v_cache));
+                bufs.extend([b(tables), b(slots), opt(sinks, dummy), b(out)]);
                 // A workgroup per (head, token).
                 let groups = [u32_of(shape.n_head)?, u32_of(n)?, 1];
                 let kernel = match cache {
@@ -262,6 +260,12 @@ impl VulkanDevice {
         let groups = Gpu::groups(items, k.spec().local_size)?;
         self.gpu.dispatch(k, bufs, push, [groups, 1, 1])
     }
+}
+
+/// The caches' bindings as `cache.glsl` declares them: every key part, then every value
+/// part.
+fn cache_bindings(k: &CacheBufs, v: &CacheBufs) -> impl Iterator<Item = BufferId> + use<> {
+    (k.parts.into_iter().chain(v.parts)).map(|d| BufferId(d.0))
 }
 
 fn u32_of(v: usize) -> Result<u32, VulkanError> {
@@ -293,6 +297,10 @@ impl Device for VulkanDevice {
 
     fn declines(&self, ty: GgmlType) -> Option<String> {
         ops::declines(ty)
+    }
+
+    fn max_buffer_len(&self) -> usize {
+        usize::try_from(self.gpu.max_buffer_bytes() / 4).unwrap_or(usize::MAX)
     }
 
     fn alloc(&mut self, len: usize, what: &str) -> Result<DeviceBuf, DeviceError> {

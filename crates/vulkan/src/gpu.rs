@@ -45,8 +45,6 @@ struct Pipeline {
 
 /// Descriptor sets one submission may use before it is flushed to free them.
 const SETS_PER_SUBMISSION: u32 = 4096;
-/// The most storage buffers a kernel binds.
-const MAX_BINDINGS: u32 = 8;
 
 pub struct Gpu {
     info: DeviceInfo,
@@ -217,7 +215,7 @@ impl Gpu {
             .check("vkCreateFence")?;
         let sizes = [vk::DescriptorPoolSize {
             ty: vk::DescriptorType::STORAGE_BUFFER,
-            descriptor_count: SETS_PER_SUBMISSION * MAX_BINDINGS,
+            descriptor_count: SETS_PER_SUBMISSION * kernels::MAX_BINDINGS,
         }];
         let dp = vk::DescriptorPoolCreateInfo::default()
             .max_sets(SETS_PER_SUBMISSION)

@@ -48,6 +48,14 @@ pub enum Kernel {
     AttentionF16,
 }
 
+/// Bindings of the kernels that touch the KV caches: their own buffers, and every part
+/// of the keys and of the values (`shaders/cache.glsl`).
+const CACHE_BINDINGS: u32 = 2 * llamay_engine::device::CACHE_PARTS as u32;
+const KV_WRITE: u32 = 3 + CACHE_BINDINGS;
+const ATTENTION: u32 = 5 + CACHE_BINDINGS;
+/// The most storage buffers a kernel binds (the attention kernel's).
+pub(crate) const MAX_BINDINGS: u32 = ATTENTION;
+
 pub(crate) struct KernelSpec {
     pub spirv: &'static [u8],
     /// Storage buffers at bindings 0..buffers.
@@ -141,10 +149,22 @@ impl Kernel {
             Kernel::Add => plain(include_bytes!("../shaders/spv/add.spv"), 3, 3),
             Kernel::Eltwise => plain(include_bytes!("../shaders/spv/eltwise.spv"), 3, 3),
             Kernel::Gather => plain(include_bytes!("../shaders/spv/gather.spv"), 3, 3),
-            Kernel::KvWrite => plain(include_bytes!("../shaders/spv/kv_write.spv"), 5, 4),
-            Kernel::KvWriteF16 => plain(include_bytes!("../shaders/spv/kv_write_f16.spv"), 5, 4),
-            Kernel::Attention => plain(include_bytes!("../shaders/spv/attention.spv"), 7, 9),
-            Kernel::AttentionF16 => plain(include_bytes!("../shaders/spv/attention_f16.spv"), 7, 9),
+            Kernel::KvWrite => plain(include_bytes!("../shaders/spv/kv_write.spv"), KV_WRITE, 5),
+            Kernel::KvWriteF16 => plain(
+                include_bytes!("../shaders/spv/kv_write_f16.spv"),
+                KV_WRITE,
+                5,
+            ),
+            Kernel::Attention => plain(
+                include_bytes!("../shaders/spv/attention.spv"),
+                ATTENTION,
+                10,
+            ),
+            Kernel::AttentionF16 => plain(
+                include_bytes!("../shaders/spv/attention_f16.spv"),
+                ATTENTION,
+                10,
+            ),
         }
     }
 }

@@ -229,6 +229,12 @@ pub(crate) fn describe(
         ))
     } else if compute_family(instance, pd).is_none() {
         Some("no compute queue".into())
+    } else if p.limits.max_per_stage_descriptor_storage_buffers < crate::kernels::MAX_BINDINGS {
+        Some(format!(
+            "a kernel binds {} storage buffers; it allows {}",
+            crate::kernels::MAX_BINDINGS,
+            p.limits.max_per_stage_descriptor_storage_buffers
+        ))
     } else {
         None
     };

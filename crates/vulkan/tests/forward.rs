@@ -3,7 +3,7 @@
 //! the CPU's, top-1 equal) or is declined by name — never a silent fall back. On
 //! lavapipe in CI (`scripts/test` installs it).
 
-use llamay_engine::device::Device;
+use llamay_engine::device::{Device, DeviceBuf, DeviceCounters, DeviceError, DeviceMatrix, Op};
 use llamay_engine::{
     ARCHITECTURES, BatchToken, Context, ContextParams, KvPrecision, Model, SeqId, Threads,
 };
@@ -202,6 +202,23 @@ fn a_decode_step_is_one_submission_and_reads_only_the_logits() {
     });
 }
 
+/// 70 tokens (past the first page), fork, one token on each branch (the fork's first
+/// write copies the shared last page), then the original cut back to 66 (within what its
+/// sliding window keeps for a rollback) and given another token: every step's logits.
+fn fork_script(ctx: &mut Context<'_>, n_vocab: usize) -> Vec<f32> {
+    let toks: Vec<u32> = (0..70).map(|i| ((i * 13 + 1) % n_vocab) as u32).collect();
+    ctx.kv_mut().keep_for_rollback(8);
+    let a = ctx.new_sequence();
+    ctx.decode(&batch(a, &toks, 0)).unwrap();
+    let b = ctx.kv_mut().fork(a).unwrap();
+    let mut out = ctx.decode(&batch(b, &[3], 70)).unwrap().values;
+    out.extend(ctx.decode(&batch(a, &[5], 70)).unwrap().values);
+    ctx.kv_mut().truncate(a, 66).unwrap();
+    out.extend(ctx.decode(&batch(a, &[7, 8], 66)).unwrap().values);
+    out.extend(ctx.decode(&batch(b, &[9], 71)).unwrap().values);
+    out
+}
+
 /// Fork (shared pages, copy on write at the first write), truncate and redecode on the
 /// device give what they give on the CPU; snapshots of device pages round-trip.
 #[test]
@@ -214,26 +231,9 @@ fn fork_truncate_copy_on_write_and_snapshots_work_with_device_pages() {
             kv_budget_tokens: Some(512),
             ..ContextParams::new(Threads(2), KvPrecision::F32, 128)
         };
-        // 70 tokens (past the first page), fork, one token on each branch (the fork's
-        // first write copies the shared last page), then the original cut back to 66 (within what its sliding window keeps for a
-        // rollback) and given
-        // another token.
-        let script = |ctx: &mut Context<'_>| -> Vec<f32> {
-            let toks: Vec<u32> = (0..70).map(|i| ((i * 13 + 1) % n_vocab) as u32).collect();
-            ctx.kv_mut().keep_for_rollback(8);
-            let a = ctx.new_sequence();
-            ctx.decode(&batch(a, &toks, 0)).unwrap();
-            let b = ctx.kv_mut().fork(a).unwrap();
-            let mut out = ctx.decode(&batch(b, &[3], 70)).unwrap().values;
-            out.extend(ctx.decode(&batch(a, &[5], 70)).unwrap().values);
-            ctx.kv_mut().truncate(a, 66).unwrap();
-            out.extend(ctx.decode(&batch(a, &[7, 8], 66)).unwrap().values);
-            out.extend(ctx.decode(&batch(b, &[9], 71)).unwrap().values);
-            out
-        };
-        let want = script(&mut m.context(p).unwrap());
+        let want = fork_script(&mut m.context(p).unwrap(), n_vocab);
         let mut on_dev = m.context_on(p, dev).unwrap();
-        let got = script(&mut on_dev);
+        let got = fork_script(&mut on_dev, n_vocab);
         let max = got
             .iter()
             .zip(&want)
@@ -303,4 +303,124 @@ fn a_model_larger_than_the_device_is_refused_naming_both_sizes() {
         e.contains("GiB; this model needs") && e.contains("KV cache"),
         "{e}"
     );
+}
+
+/// The device, binding at most `limit` values per buffer in the KV cache's eyes: how a
+/// test splits a small model's cache over several buffers, as a large model's is split
+/// on a real device (every other call goes to the device as it is).
+struct BindingLimit {
+    dev: Box<dyn Device>,
+    limit: usize,
+}
+
+impl Device for BindingLimit {
+    fn describe(&self) -> String {
+        self.dev.describe()
+    }
+    fn declines(&self, ty: GgmlType) -> Option<String> {
+        self.dev.declines(ty)
+    }
+    fn max_buffer_len(&self) -> usize {
+        self.limit
+    }
+    fn alloc(&mut self, len: usize, what: &str) -> Result<DeviceBuf, DeviceError> {
+        self.dev.alloc(len, what)
+    }
+    fn free(&mut self, buf: DeviceBuf) {
+        self.dev.free(buf)
+    }
+    fn upload_matrix(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<DeviceMatrix, DeviceError> {
+        self.dev.upload_matrix(name, ty, rows, cols, bytes)
+    }
+    fn write_f32(&mut self, b: DeviceBuf, off: usize, v: &[f32]) -> Result<(), DeviceError> {
+        self.dev.write_f32(b, off, v)
+    }
+    fn write_u32(&mut self, b: DeviceBuf, off: usize, v: &[u32]) -> Result<(), DeviceError> {
+        self.dev.write_u32(b, off, v)
+    }
+    fn read(&mut self, b: DeviceBuf, off: usize, out: &mut [f32]) -> Result<(), DeviceError> {
+        self.dev.read(b, off, out)
+    }
+    fn run(&mut self, op: &Op) -> Result<(), DeviceError> {
+        self.dev.run(op)
+    }
+    fn copy(
+        &mut self,
+        src: DeviceBuf,
+        src_offset: usize,
+        dst: DeviceBuf,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        self.dev.copy(src, src_offset, dst, dst_offset, len)
+    }
+    fn counters(&self) -> DeviceCounters {
+        self.dev.counters()
+    }
+    fn memory_bytes(&self) -> u64 {
+        self.dev.memory_bytes()
+    }
+}
+
+/// A KV cache split over as many buffers as the kernels bind (a device whose binding
+/// limit is smaller than the cache: lavapipe's 128 MiB under a serve's default pool of
+/// Gemma) gives the bits one buffer gives — fork, copy on write across parts, truncate,
+/// snapshots — and one that needs more buffers is refused naming the sizes.
+#[test]
+fn a_kv_cache_split_over_buffers_gives_the_bits_of_one() {
+    use llamay_engine::device::CACHE_PARTS;
+    let Some(_) = device() else { return };
+    let arch = ARCHITECTURES.iter().find(|a| a.name == "gemma3").unwrap();
+    common::with_synthetic(arch, GgmlType::Q8_0, |m| {
+        let c = m.config();
+        let n_vocab = c.n_vocab;
+        for kv in [KvPrecision::F32, KvPrecision::F16] {
+            let p = ContextParams {
+                kv_budget_tokens: Some(512),
+                ..ContextParams::new(Threads(2), kv, 128)
+            };
+            let words = |dim: usize| match kv {
+                KvPrecision::F16 => dim.div_ceil(2),
+                _ => dim,
+            };
+            let page_words = 64 * words(c.k_dim().max(c.v_dim()));
+            let pages = 512usize.div_ceil(64) * c.n_layer;
+            let per_part = pages.div_ceil(CACHE_PARTS);
+            assert!(per_part < pages, "the cache splits");
+            let limited = |pages_per_part: usize| -> Box<dyn Device> {
+                Box::new(BindingLimit {
+                    dev: device().unwrap(),
+                    limit: pages_per_part * page_words,
+                })
+            };
+            let want = fork_script(&mut m.context_on(p, device().unwrap()).unwrap(), n_vocab);
+            let mut split = m.context_on(p, limited(per_part)).unwrap();
+            assert_eq!(fork_script(&mut split, n_vocab), want, "{kv:?}");
+            // A snapshot from split pages continues bit for bit in one buffer.
+            let s = split.kv().sequences().next().unwrap();
+            let snap = split.save_sequence(s).unwrap();
+            let mut one = m.context_on(p, device().unwrap()).unwrap();
+            let s1 = one.load_sequence(&snap).unwrap();
+            let len = one.kv().len(s1).unwrap();
+            let next = |ctx: &mut Context<'_>, s| ctx.decode(&batch(s, &[4], len)).unwrap().values;
+            assert_eq!(next(&mut one, s1), next(&mut split, s), "{kv:?}: snapshot");
+
+            let e = m
+                .context_on(p, limited(per_part - 1))
+                .err()
+                .expect("refused");
+            let e = e.to_string();
+            assert!(
+                e.contains("MiB per buffer") && e.contains("more than the 8 buffers"),
+                "{e}"
+            );
+        }
+    });
 }

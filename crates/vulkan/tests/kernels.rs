@@ -243,11 +243,12 @@ fn float_matmuls_agree_with_the_cpu_within_rounding() -> Result<(), VulkanError>
 }
 
 /// Attention over a paged cache against a plain softmax on the host: up to 200
-/// positions over non-contiguous pages, GQA, head sizes 64 to 512, soft-cap, a window
-/// (first position > 0), sinks.
+/// positions over non-contiguous pages, each page in a buffer of its own (a cache split
+/// over bindings), GQA, head sizes 64 to 512, soft-cap, a window (first position > 0),
+/// sinks.
 #[test]
 fn attention_over_pages_equals_a_plain_softmax() -> Result<(), llamay_engine::device::DeviceError> {
-    use llamay_engine::device::{AttentionShape, Device, Op};
+    use llamay_engine::device::{AttentionShape, CACHE_PARTS, CacheBufs, Device, Op};
     if gpu().is_none() {
         return Ok(());
     }
@@ -282,7 +283,22 @@ fn attention_over_pages_equals_a_plain_softmax() -> Result<(), llamay_engine::de
             let b = dev.alloc(x.len(), "x")?;
             dev.write_f32(b, 0, x).map(|()| b)
         };
-        let (qb, kb, vb, sb) = (up(&q)?, up(&kc)?, up(&vc)?, up(&sink)?);
+        // One page to a part: a tile of positions reads from two buffers where it
+        // crosses a page.
+        let mut split = |c: &[f32]| -> Result<CacheBufs, _> {
+            let parts = c
+                .chunks(64 * kd)
+                .map(&mut up)
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut bufs = [parts[0]; CACHE_PARTS];
+            bufs[..parts.len()].copy_from_slice(&parts);
+            Ok(CacheBufs {
+                parts: bufs,
+                pages_per_part: 1,
+            })
+        };
+        let (kb, vb) = (split(&kc)?, split(&vc)?);
+        let (qb, sb) = (up(&q)?, up(&sink)?);
         let tb = dev.alloc(tables.len(), "tables")?;
         dev.write_u32(tb, 0, &tables)?;
         let slb = dev.alloc(slots.len(), "slots")?;
