@@ -164,8 +164,6 @@ impl Model<'_> {
         let pages = ctx.kv.page_budget().max(1);
         let page_words = (PAGE * cache.words(c.k_dim()), PAGE * cache.words(c.v_dim()));
         let kv_bytes = (pages * (page_words.0 + page_words.1)) as u64 * 4;
-        let pages_per_part = cache_split(pages, page_words.0.max(page_words.1), &*dev)
-            .map_err(ContextError::Device)?;
         // The matrices the device takes, each once (a tied output is the embedding).
         let mut seen = std::collections::HashSet::new();
         let placed: Vec<&Linear<'_>> = (self.weights.linears())
@@ -183,6 +181,8 @@ impl Model<'_> {
                 kv_bytes as f64 / GIB
             )));
         }
+        let pages_per_part = cache_split(pages, page_words.0.max(page_words.1), &*dev)
+            .map_err(ContextError::Device)?;
         let mut matrices = HashMap::new();
         for l in placed {
             let m = dev
