@@ -38,56 +38,19 @@ CACHE_BUFFER(15, V7, v7)
 // A switch, not an array of bindings indexed by a value: a tile of positions may
 // straddle two pages, and indexing a binding array by a non-uniform value needs a
 // device feature; branching does not.
+#define CACHE_CASES(c, stmt) \
+    switch (part) { \
+        case 0u: stmt(c##0); case 1u: stmt(c##1); case 2u: stmt(c##2); case 3u: stmt(c##3); \
+        case 4u: stmt(c##4); case 5u: stmt(c##5); case 6u: stmt(c##6); default: stmt(c##7); \
+    }
 #ifdef CACHE_WRITE
-void k_store(uint part, uint i, uint w) {
-    switch (part) {
-        case 0u: k0[i] = w; break;
-        case 1u: k1[i] = w; break;
-        case 2u: k2[i] = w; break;
-        case 3u: k3[i] = w; break;
-        case 4u: k4[i] = w; break;
-        case 5u: k5[i] = w; break;
-        case 6u: k6[i] = w; break;
-        default: k7[i] = w; break;
-    }
-}
-void v_store(uint part, uint i, uint w) {
-    switch (part) {
-        case 0u: v0[i] = w; break;
-        case 1u: v1[i] = w; break;
-        case 2u: v2[i] = w; break;
-        case 3u: v3[i] = w; break;
-        case 4u: v4[i] = w; break;
-        case 5u: v5[i] = w; break;
-        case 6u: v6[i] = w; break;
-        default: v7[i] = w; break;
-    }
-}
+#define CACHE_STORE(words) words[i] = w; break
+void k_store(uint part, uint i, uint w) { CACHE_CASES(k, CACHE_STORE) }
+void v_store(uint part, uint i, uint w) { CACHE_CASES(v, CACHE_STORE) }
 #else
-uint k_load(uint part, uint i) {
-    switch (part) {
-        case 0u: return k0[i];
-        case 1u: return k1[i];
-        case 2u: return k2[i];
-        case 3u: return k3[i];
-        case 4u: return k4[i];
-        case 5u: return k5[i];
-        case 6u: return k6[i];
-        default: return k7[i];
-    }
-}
-uint v_load(uint part, uint i) {
-    switch (part) {
-        case 0u: return v0[i];
-        case 1u: return v1[i];
-        case 2u: return v2[i];
-        case 3u: return v3[i];
-        case 4u: return v4[i];
-        case 5u: return v5[i];
-        case 6u: return v6[i];
-        default: return v7[i];
-    }
-}
+#define CACHE_LOAD(words) return words[i]
+uint k_load(uint part, uint i) { CACHE_CASES(k, CACHE_LOAD) }
+uint v_load(uint part, uint i) { CACHE_CASES(v, CACHE_LOAD) }
 #endif
 
 // Cache row `row` (a page's id * PAGE + its slot) as (part, row within the part).
