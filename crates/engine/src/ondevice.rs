@@ -137,6 +137,14 @@ impl Model<'_> {
             .collect()
     }
 
+    /// The bytes of the matrices `dev` declines (they stay in host memory).
+    pub fn device_declined_bytes(&self, dev: &dyn Device) -> u64 {
+        (self.weights.linears())
+            .filter(|l| dev.declines(l.w.ty).is_some())
+            .map(|l| l.w.data.len() as u64)
+            .sum()
+    }
+
     /// A context whose forward pass runs on `dev`: the model's weights are placed
     /// there (each matrix the device declines stays on the CPU), and so are the KV
     /// pool's pages. Refused, naming why, when the block uses what the device does not

@@ -134,15 +134,22 @@ async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
     }
 }
 
-/// Runs the server until SIGTERM or SIGINT, then drains running requests for up to
-/// `shutdown_grace`.
-pub fn run(config: ServeConfig) -> anyhow::Result<()> {
-    let served = registry::served_names(&config.models).map_err(anyhow::Error::msg)?;
+/// The served names of `models`, or an error naming a duplicate name or a missing file.
+/// `run` checks this first; a caller may check it before it opens anything else.
+pub fn check_models(models: &[(PathBuf, Option<String>)]) -> anyhow::Result<Vec<registry::Served>> {
+    let served = registry::served_names(models).map_err(anyhow::Error::msg)?;
     for s in &served {
         if !s.path.is_file() {
             anyhow::bail!("-m {}: no such file", s.path.display());
         }
     }
+    Ok(served)
+}
+
+/// Runs the server until SIGTERM or SIGINT, then drains running requests for up to
+/// `shutdown_grace`.
+pub fn run(config: ServeConfig) -> anyhow::Result<()> {
+    let served = check_models(&config.models)?;
     let store = config.store.clone().map(llamay_hub::Store::at);
     let registry = Registry::new(
         served,

@@ -999,7 +999,7 @@ async fn ps(axum::extract::State(s): State) -> Response {
             };
             json!({
                 "name": name, "model": name,
-                "size": l.size, "size_vram": 0,
+                "size": l.size, "size_vram": l.size_vram(),
                 "digest": digest_of(&l.path),
                 "details": details(&l.path).map(|d| d.0).unwrap_or(Value::Null),
                 "expires_at": l.expires_at().map_or_else(|| "0001-01-01T00:00:00Z".to_string(), rfc3339),

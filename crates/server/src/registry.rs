@@ -2,7 +2,7 @@
 //! `/api/copy`, and the model store's references; each loaded on first use and kept
 //! until its keep-alive runs out.
 
-use crate::scheduler::{DeviceOpener, EngineConfig, Scheduler};
+use crate::scheduler::{DeviceOpener, EngineConfig, Placement, Scheduler};
 use llamay_engine::Model;
 use llamay_hub::Store;
 use llamay_template::ChatFormat;
@@ -38,6 +38,15 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// Ollama's `size_vram`: on the device, the file's size less the matrices the
+    /// device declines (weights are placed in their GGUF formats); 0 on the CPU.
+    pub fn size_vram(&self) -> u64 {
+        match self.scheduler.placement() {
+            Placement::Device { host_bytes, .. } => self.size.saturating_sub(*host_bytes),
+            Placement::Cpu | Placement::CpuDeclined(_) => 0,
+        }
+    }
+
     /// A request asked to keep the model for `keep` (`None`: forever) after it is idle.
     pub fn keep_for(&self, keep: Option<Duration>) {
         *self.keep.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -350,6 +359,11 @@ fn load(
     let model = Model::open(path, engine.threads).map_err(|e| e.to_string())?;
     let tok = Arc::new(tok);
     let scheduler = Scheduler::start(Arc::new(model), tok.clone(), engine, device)?;
+    match scheduler.placement() {
+        Placement::Cpu => {}
+        Placement::Device { name: dev, .. } => eprintln!("llamay serve: {name} runs on {dev}"),
+        Placement::CpuDeclined(why) => eprintln!("llamay serve: {name} runs on the CPU ({why})"),
+    }
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let l = Loaded {
         path: path.to_path_buf(),

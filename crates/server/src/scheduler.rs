@@ -190,6 +190,19 @@ pub struct Scheduler {
     encoder: Option<&'static str>,
     /// The encoder is a cross-encoder: its "embedding" is a relevance score.
     reranker: bool,
+    placement: Placement,
+}
+
+/// Where a loaded model's forward pass runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// No device was asked for.
+    Cpu,
+    /// On the device `name`; the matrices it declines (`host_bytes` of them) stay on
+    /// the CPU.
+    Device { name: String, host_bytes: u64 },
+    /// On the CPU because the server's device declines the model as a whole (why).
+    CpuDeclined(String),
 }
 
 impl Scheduler {
@@ -209,9 +222,28 @@ impl Scheduler {
             .context(ContextParams::new(Threads(1), config.kv, n_ctx))
             .map_err(|e| e.to_string())?;
         drop(probe);
-        // The device is opened here; the engine thread places the model there (or
-        // refuses it, naming what the device does not run) and says when it is ready.
+        // The device is opened here; the engine thread places the model there and says
+        // when it is ready. A model whose block the device does not run (an encoder, a
+        // mixture) is served from the CPU instead, as Ollama serves what its GPU cannot
+        // hold: `--device` is the server's, and one model's shape should not make the
+        // others' routes fail. The registry logs the placement and `/api/ps` shows it.
         let device = device.map(|open| open()).transpose()?;
+        let (device, placement) = match device {
+            None => (None, Placement::Cpu),
+            Some(dev) => {
+                let why = model.device_unsupported(config.kv);
+                if why.is_empty() {
+                    let on_device = Placement::Device {
+                        name: dev.describe(),
+                        host_bytes: model.device_declined_bytes(&*dev),
+                    };
+                    (Some(dev), on_device)
+                } else {
+                    let why = format!("{} does not run it: {}", dev.describe(), why.join("; "));
+                    (None, Placement::CpuDeclined(why))
+                }
+            }
+        };
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let (tx, rx) = mpsc::channel();
         let gauges = Arc::new(Gauges::default());
@@ -248,7 +280,13 @@ impl Scheduler {
             config,
             encoder,
             reranker,
+            placement,
         })
+    }
+
+    /// Where the model runs.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
     pub fn config(&self) -> EngineConfig {

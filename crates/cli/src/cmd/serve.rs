@@ -224,21 +224,28 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         })?
         .flatten(),
         preload: args.preload,
-        device: match args.device.resolve()? {
-            None => None,
-            Some(index) => {
-                // Opened once here so that a device that cannot open fails at start.
-                let probe = crate::device::open_vulkan(index)?;
-                eprintln!("device: {} (each loaded model runs there)", probe.describe());
-                drop(probe);
-                let open: llamay_server::DeviceOpener = std::sync::Arc::new(move || {
-                    crate::device::open_vulkan(index).map_err(|e| crate::out::one_line(&e))
-                });
-                Some(open)
-            }
-        },
+        device: None,
     };
-    llamay_server::run(config)
+    // Every flag and file is checked before the device is opened and announced, so a
+    // bad `-m` is the one line printed.
+    llamay_server::check_models(&config.models)?;
+    let device = match args.device.resolve()? {
+        None => None,
+        Some(index) => {
+            // Opened once here so that a device that cannot open fails at start.
+            let probe = crate::device::open_vulkan(index)?;
+            eprintln!(
+                "device: {} (each loaded model runs there)",
+                probe.describe()
+            );
+            drop(probe);
+            let open: llamay_server::DeviceOpener = std::sync::Arc::new(move || {
+                crate::device::open_vulkan(index).map_err(|e| crate::out::one_line(&e))
+            });
+            Some(open)
+        }
+    };
+    llamay_server::run(ServeConfig { device, ..config })
 }
 
 #[cfg(test)]

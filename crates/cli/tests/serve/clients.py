@@ -8,6 +8,7 @@ Every check prints `ok NAME`; a failed assertion exits non-zero with its traceba
 """
 
 import json
+import os
 import sys
 
 import httpx
@@ -16,6 +17,9 @@ BASE = sys.argv[1]
 GROUP = sys.argv[2]
 MODEL = "gemma3:270m"
 GREEDY = {"temperature": 0, "seed": 7, "num_predict": 24}
+# Raw HTTP checks beside the clients; LLAMAY_TEST_TIME_SCALE stretches the wait for a
+# slow device (lavapipe decodes Gemma at ~2 tokens/s).
+http = httpx.Client(timeout=30 * float(os.environ.get("LLAMAY_TEST_TIME_SCALE", "1")))
 
 
 def ok(name):
@@ -152,7 +156,7 @@ def ollama_checks():
         assert e.status_code == 400 and "image" in str(e), e
     ok("images are refused by name")
 
-    v = httpx.get(BASE + "/api/version").json()
+    v = http.get(BASE + "/api/version").json()
     assert v["version"], v
     ok("version")
 
@@ -207,7 +211,7 @@ def openai_checks():
         raise AssertionError("an unknown route answered")
     except openai.NotFoundError as e:
         assert "no route /v1/no-such-route" in e.body["message"], e.body
-    assert httpx.get(BASE + "/api/no-such-route").json() == {"error": "no route /api/no-such-route"}
+    assert http.get(BASE + "/api/no-such-route").json() == {"error": "no route /api/no-such-route"}
     ok("unknown routes: OpenAI's error shape under /v1, Ollama's elsewhere")
 
     msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
@@ -251,7 +255,7 @@ def openai_checks():
 
     r = c.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=12)
     assert r.choices[0].text and r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
-    toks = httpx.post(BASE + "/api/generate", json={"model": MODEL, "prompt": "The capital of France is", "raw": True, "stream": False,
+    toks = http.post(BASE + "/api/generate", json={"model": MODEL, "prompt": "The capital of France is", "raw": True, "stream": False,
                                                      "options": {"num_predict": 1}}).json()["context"][:-1]
     r2 = c.completions.create(model=MODEL, prompt=toks, temperature=0, max_tokens=12)
     assert r2.choices[0].text == r.choices[0].text, (r2.choices[0].text, r.choices[0].text)
@@ -299,7 +303,7 @@ def openai_checks():
     import struct
     f = c.embeddings.create(model=MODEL, input=["hello world", "goodbye"], encoding_format="float")
     assert [d.index for d in f.data] == [0, 1] and f.usage.prompt_tokens > 2
-    raw = httpx.post(BASE + "/v1/embeddings", json={"model": MODEL, "input": "hello world",
+    raw = http.post(BASE + "/v1/embeddings", json={"model": MODEL, "input": "hello world",
                                                      "encoding_format": "base64"}).json()
     b = raw["data"][0]["embedding"]
     floats = struct.unpack(f"<{len(base64.b64decode(b)) // 4}f", base64.b64decode(b))
@@ -307,7 +311,7 @@ def openai_checks():
     # The client's default asks for base64 and decodes it itself.
     d = c.embeddings.create(model=MODEL, input="hello world")
     assert max(abs(x - y) for x, y in zip(d.data[0].embedding, f.data[0].embedding)) < 1e-6
-    toks = httpx.post(BASE + "/api/generate", json={"model": MODEL, "prompt": "hello world", "raw": True, "stream": False,
+    toks = http.post(BASE + "/api/generate", json={"model": MODEL, "prompt": "hello world", "raw": True, "stream": False,
                                                      "options": {"num_predict": 1}}).json()["context"][:-1]
     t = c.embeddings.create(model=MODEL, input=[toks], encoding_format="float")
     assert max(abs(x - y) for x, y in zip(t.data[0].embedding, f.data[0].embedding)) < 1e-6, "token ids = text"
@@ -318,7 +322,7 @@ def count_tokens(msgs):
     """The prompt's token count, by the server's own rendering: /api/generate raw with
     the gemma template's text, BOS included."""
     text = "".join(f"<start_of_turn>{m['role']}\n{m['content']}<end_of_turn>\n" for m in msgs) + "<start_of_turn>model\n"
-    r = httpx.post(BASE + "/api/generate", json={"model": MODEL, "prompt": text, "raw": True, "stream": False,
+    r = http.post(BASE + "/api/generate", json={"model": MODEL, "prompt": text, "raw": True, "stream": False,
                                                  "options": {"num_predict": 1}}).json()
     return r["prompt_eval_count"]
 

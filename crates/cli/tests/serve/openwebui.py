@@ -16,6 +16,7 @@ there, not for what they say.
 """
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -25,6 +26,8 @@ import socketio
 
 BASE, MODEL, MODE = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
 FAILS = []
+# LLAMAY_TEST_TIME_SCALE stretches the waits for a slow device (lavapipe).
+SCALE = float(os.environ.get("LLAMAY_TEST_TIME_SCALE", "1"))
 
 
 def show(tag, r, n=300):
@@ -134,10 +137,10 @@ async def browser():
     chat_id = r.json().get("chat_id") if r.ok else None
     check(chat_id, "the browser's POST /api/chat/completions returns a chat_id")
     try:
-        await asyncio.wait_for(done.wait(), 120)
+        await asyncio.wait_for(done.wait(), 120 * SCALE)
     except asyncio.TimeoutError:
         pass
-    deadline = time.time() + 60
+    deadline = time.time() + 60 * SCALE
     while time.time() < deadline and "chat:title" not in kinds(events):
         await asyncio.sleep(0.5)
     if errors(events):
@@ -157,7 +160,7 @@ async def browser():
                  "background_tasks": {}}
         r = show("browser chat, second turn", requests.post(f"{BASE}/api/chat/completions", json=body2, headers=H))
         try:
-            await asyncio.wait_for(done.wait(), 120)
+            await asyncio.wait_for(done.wait(), 120 * SCALE)
         except asyncio.TimeoutError:
             pass
         later = events[seen:]
