@@ -558,7 +558,13 @@ fn serve_ollama_routes_cut_a_prompt_beyond_the_context() {
 /// Pooled embeddings against llama.cpp's (llama-server --embeddings --pooling mean, f32
 /// cache, exact attention; scripts/gen-embed-expected). llama.cpp's own default run
 /// (flash attention, which rounds to f16) is 0.998-0.9999 in cosine from that exact
-/// answer; llamay's f32 cache must be at least as close on every text, and ≥ 0.999.
+/// answer; llamay's f32 cache must be at least as close on every text, and on the CPU
+/// ≥ 0.999. Under `LLAMAY_DEVICE` (scripts/test-serve-device) the server runs on the
+/// device, whose last bits differ from the CPU's (float sums in another order, then an
+/// activation's Q8_K rounding tipping the other way, layer after layer): Gemma's final
+/// hidden state is as sensitive to that as to llama.cpp's f16 rounding (measured on
+/// lavapipe: 1 - cosine 1.5e-3 between the device and the CPU on "x"), so there the
+/// bar is the size of llama.cpp's own default run's distance: at most twice it.
 #[test]
 fn serve_embeddings_agree_with_llama_cpp() {
     let Some(g) = gemma() else { return };
@@ -598,10 +604,16 @@ fn serve_embeddings_agree_with_llama_cpp() {
             "{:?}: cosine {cos:.6} (llama.cpp's default run: {theirs:.6})",
             texts[i]
         );
-        assert!(cos >= 0.999, "{:?}: cosine {cos}", texts[i]);
+        let on_device = std::env::var("LLAMAY_DEVICE").is_ok_and(|d| d != "cpu");
+        let (floor, times) = if on_device {
+            (0.998, 2.0)
+        } else {
+            (0.999, 1.05)
+        };
+        assert!(cos >= floor, "{:?}: cosine {cos}", texts[i]);
         assert!(
-            1.0 - cos <= (1.0 - theirs) * 1.05 + 1e-7,
-            "{:?}: ours {cos} is farther from exact than llama.cpp's default {theirs}",
+            1.0 - cos <= (1.0 - theirs) * times + 1e-7,
+            "{:?}: ours {cos} is farther from exact than {times} × llama.cpp's default {theirs}",
             texts[i]
         );
     }
