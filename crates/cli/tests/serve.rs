@@ -1488,6 +1488,25 @@ fn serve_api_pull_streams_progress_and_the_pulled_model_serves() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `/api/embed` of `texts` on `model` equals `llamay embed`'s on the CPU to rounding of
+/// the normalisation (the server's runs in f64).
+fn assert_embeds_as_the_cli(s: &Serve, model: &str, file: &Path, texts: &[&str]) {
+    let (st, v) = s.post("/api/embed", &json!({"model": model, "input": texts}));
+    assert_eq!(st, 200, "{v}");
+    let got: Vec<Vec<f64>> = serde_json::from_value(v["embeddings"].clone()).unwrap();
+    let mut args = vec!["embed", file.to_str().unwrap(), "--device", "cpu"];
+    args.extend(["--output", "array", "-p"]);
+    args.extend(texts);
+    let want: Vec<Vec<f64>> = serde_json::from_str(&ok_stdout(&llamay(&args))).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        let worst = (g.iter().zip(w))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-6, "max |Δ| {worst} from the CLI's vector");
+    }
+}
+
 /// An encoder (all-MiniLM-L6-v2 from scripts/convert-bert) serves embeddings pooled as
 /// its file says, equal to `llamay embed`'s to rounding (an encoder keeps no KV cache,
 /// so the server's cache precision does not touch it), and refuses generation by name.
@@ -1500,29 +1519,7 @@ fn serve_embeds_with_an_encoder_and_refuses_it_text() {
     };
     let s = Serve::start(&["-m", m.to_str().unwrap(), "--alias", "minilm", "-c", "512"]);
     let texts = ["The cat sat on the mat.", "Embeddings map text to vectors."];
-    let (st, v) = s.post("/api/embed", &json!({"model": "minilm", "input": texts}));
-    assert_eq!(st, 200, "{v}");
-    let got: Vec<Vec<f64>> = serde_json::from_value(v["embeddings"].clone()).unwrap();
-    let mut args = vec![
-        "embed",
-        m.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--output",
-        "array",
-        "-p",
-    ];
-    args.extend(texts);
-    let want: Vec<Vec<f64>> = serde_json::from_str(&ok_stdout(&llamay(&args))).unwrap();
-    // Within rounding of the normalisation (the server's runs in f64).
-    for (g, w) in got.iter().zip(&want) {
-        let worst = g
-            .iter()
-            .zip(w)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
-        assert!(worst < 1e-6, "max |Δ| {worst} from the CLI's vector");
-    }
+    assert_embeds_as_the_cli(&s, "minilm", &m, &texts);
     let (st, v) = s.post(
         "/v1/embeddings",
         &json!({"model": "minilm", "input": texts[0]}),
@@ -1678,25 +1675,7 @@ fn serve_on_the_vulkan_device_is_batch_invariant() {
     // An encoder, which the device declines as a whole, is served from the CPU beside
     // it: logged with the reason, `size_vram` 0, its embeddings the CPU's.
     let Some(m) = minilm else { return };
-    let texts = ["The cat sat on the mat."];
-    let (st, v) = s.post("/api/embed", &json!({"model": "minilm", "input": texts}));
-    assert_eq!(st, 200, "{v}");
-    let got: Vec<Vec<f64>> = serde_json::from_value(v["embeddings"].clone()).unwrap();
-    let mut args = vec![
-        "embed",
-        m.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--output",
-        "array",
-        "-p",
-    ];
-    args.extend(texts);
-    let want: Vec<Vec<f64>> = serde_json::from_str(&ok_stdout(&llamay(&args))).unwrap();
-    let worst = (got[0].iter().zip(&want[0]))
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    assert!(worst < 1e-6, "max |Δ| {worst} from the CLI's vector");
+    assert_embeds_as_the_cli(&s, "minilm", &m, &["The cat sat on the mat."]);
     let m = ps("minilm");
     assert_eq!(m["size_vram"], 0, "{m}");
     let log = s.log.lock().unwrap().clone();
