@@ -266,19 +266,51 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
-/// ggml's `make_qkx2_quants`: asymmetric levels in `[0, nmax]` with a (non-positive)
-/// offset, searching `nstep + 1` trial scales by weighted least squares. Returns
-/// `(scale, -min)`.
-#[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: &[f32],
-    l_out: &mut [u8],
+/// The trial-scale search that ggml's `make_qkx2_quants` and `make_qkx3_quants` run:
+/// asymmetric levels in `[0, nmax]` with a (non-positive) offset, `nstep + 1` trial
+/// scales `(rmin + rdelta * is + nmax) / (max - min)` each refit by weighted least
+/// squares, the best by weighted squared (or, `use_mad`, absolute) error kept.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScaleSearch {
     rmin: f32,
     rdelta: f32,
     nstep: i32,
     use_mad: bool,
+    /// `make_qkx3_quants`: a trial level is clamped before it is rounded
+    /// (`v > 0 ? nearest_int(MIN(v, nmax)) : 0`, so a huge or NaN value gives a level in
+    /// range), where `make_qkx2_quants` rounds, then clamps.
+    clamp_first: bool,
+}
+
+/// `make_qkx2_quants`' search (every caller passes `rdelta` 0.1).
+pub(crate) const fn qkx2(rmin: f32, nstep: i32, use_mad: bool) -> ScaleSearch {
+    ScaleSearch {
+        rmin,
+        rdelta: 0.1,
+        nstep,
+        use_mad,
+        clamp_first: false,
+    }
+}
+
+/// `make_qkx3_quants` as every importance-weighted path calls it (weights given,
+/// `rmin` -0.9, `rdelta` 0.05, 37 trial scales, squared error).
+pub(crate) const QKX3: ScaleSearch = ScaleSearch {
+    rmin: -0.9,
+    rdelta: 0.05,
+    nstep: 36,
+    use_mad: false,
+    clamp_first: true,
+};
+
+/// ggml's `make_qkx2_quants` / `make_qkx3_quants` (which `search` says), float operation
+/// for float operation. Returns `(scale, -min)`.
+pub(crate) fn make_qkx_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+    search: ScaleSearch,
 ) -> (f32, f32) {
     let n = x.len();
     let mut min = x[0];
@@ -299,12 +331,29 @@ fn make_qkx2_quants(
     if min > 0.0 {
         min = 0.0;
     }
-    if max == min {
+    // qkx2 tests `max == min`, qkx3 `max <= min`: the same, as min <= max here.
+    if max <= min {
         l_out.iter_mut().for_each(|l| *l = 0);
         return (0.0, -min);
     }
-    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
-    let mut iscale = nmax as f32 / (max - min);
+    let err = |diff: f32| {
+        if search.use_mad {
+            diff.abs()
+        } else {
+            diff * diff
+        }
+    };
+    let nmax_f = nmax as f32;
+    let level = |v: f32| {
+        if !search.clamp_first {
+            nearest_int(v).clamp(0, nmax)
+        } else if v > 0.0 {
+            nearest_int(if v < nmax_f { v } else { nmax_f })
+        } else {
+            0 // NaN too, as C's comparison gives
+        }
+    };
+    let mut iscale = nmax_f / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
     for i in 0..n {
@@ -313,11 +362,11 @@ fn make_qkx2_quants(
         best_error += weights[i] * err(scale * l_out[i] as f32 + min - x[i]);
     }
     let mut laux = [0u8; 32];
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+    for is in 0..=search.nstep {
+        iscale = (search.rmin + search.rdelta * is as f32 + nmax_f) / (max - min);
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
         for i in 0..n {
-            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            let l = level(iscale * (x[i] - min));
             laux[i] = l as u8;
             let (w, lf) = (weights[i], l as f32);
             sum_l += w * lf;
@@ -339,94 +388,6 @@ fn make_qkx2_quants(
             if cur_error < best_error {
                 l_out[..n].copy_from_slice(&laux[..n]);
                 best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    (scale, -min)
-}
-
-/// ggml's `make_qkx3_quants` (always called with weights on the paths llamay runs):
-/// `make_qkx2_quants`' search over `nstep + 1` trial scales, guarded against levels
-/// that the best-so-far offset would push out of range. Returns `(scale, -min)`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn make_qkx3_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: &[f32],
-    l_out: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
-    let n = x.len();
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max <= min {
-        l_out.iter_mut().for_each(|l| *l = 0);
-        return (0.0, -min);
-    }
-    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
-    let nmax_f = nmax as f32;
-    let mut iscale = nmax_f / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_mad = 0.0f32;
-    for i in 0..n {
-        let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-        l_out[i] = l as u8;
-        best_mad += weights[i] * err(scale * l_out[i] as f32 + min - x[i]);
-    }
-    let mut laux = [0u8; 32];
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax_f) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..n {
-            // C: `v > 0 ? nearest_int(MIN(v, nmax)) : 0` (NaN gives 0)
-            let v = iscale * (x[i] - min);
-            let l = if v > 0.0 {
-                nearest_int(if v < nmax_f { v } else { nmax_f })
-            } else {
-                0
-            };
-            laux[i] = l as u8;
-            let (w, lf) = (weights[i], l as f32);
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
-        }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
-            }
-            let mut mad = 0.0f32;
-            for i in 0..n {
-                mad += weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i]);
-            }
-            if mad < best_mad {
-                l_out[..n].copy_from_slice(&laux[..n]);
-                best_mad = mad;
                 scale = this_scale;
                 min = this_min;
             }
@@ -560,7 +521,7 @@ pub(crate) fn quant_q2_k(x: &[f32], b: &mut [u8]) {
             *w = v.abs();
         }
         let lv = &mut levels[16 * j..16 * j + 16];
-        (scales[j], mins[j]) = make_qkx2_quants(3, xs, &weights, lv, -0.5, 0.1, 15, true);
+        (scales[j], mins[j]) = make_qkx_quants(3, xs, &weights, lv, qkx2(-0.5, 15, true));
         if scales[j] > max_scale {
             max_scale = scales[j];
         }
@@ -618,7 +579,7 @@ pub(crate) fn quant_q2_k_w(x: &[f32], b: &mut [u8], qw: &[f32]) {
             sw[j] += w;
         }
         let lv = &mut levels[16 * j..16 * j + 16];
-        (scales[j], mins[j]) = make_qkx3_quants(3, xs, &weight, lv, -0.9, 0.05, 36, false);
+        (scales[j], mins[j]) = make_qkx_quants(3, xs, &weight, lv, QKX3);
     }
     let (mut ls, mut lm) = ([0u8; 16], [0u8; 16]);
     let dm = make_qp_quants(15, &scales, &mut ls, &sw);
@@ -805,7 +766,7 @@ fn quant_k4_levels(x: &[f32], b: &mut [u8], nmax: i32, rmin: f32, nstep: i32) ->
             *w = av_x + v.abs();
         }
         let lv = &mut levels[32 * j..32 * j + 32];
-        (scales[j], mins[j]) = make_qkx2_quants(nmax, xs, &weights, lv, rmin, 0.1, nstep, false);
+        (scales[j], mins[j]) = make_qkx_quants(nmax, xs, &weights, lv, qkx2(rmin, nstep, false));
     }
     pack_k4_scales(&scales, &mins, b);
     let d_all = read_f16(b, 0);
@@ -845,7 +806,7 @@ fn quant_k4_levels_w(x: &[f32], b: &mut [u8], qw: &[f32], nmax: i32) -> [u8; QK_
         }
         sw[j] = sumw;
         let lv = &mut levels[32 * j..32 * j + 32];
-        (scales[j], mins[j]) = make_qkx3_quants(nmax, xs, &weights, lv, -0.9, 0.05, 36, false);
+        (scales[j], mins[j]) = make_qkx_quants(nmax, xs, &weights, lv, QKX3);
     }
     let (mut ls_all, mut lm_all) = ([0u8; 8], [0u8; 8]);
     let d_block = make_qp_quants(63, &scales, &mut ls_all, &sw);

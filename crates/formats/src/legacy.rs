@@ -4,7 +4,7 @@
 //! `quantize_row_*_impl`), so results are bit-identical.
 
 use crate::fp16::{read_f16, write_f16};
-use crate::kquants::{make_qkx3_quants, make_qx_quants};
+use crate::kquants::{QKX3, make_qkx_quants, make_qx_quants};
 use crate::num::c_trunc;
 use crate::tables::KVALUES_MXFP4;
 
@@ -214,7 +214,7 @@ pub(crate) fn quant_q4_0_w(x: &[f32], b: &mut [u8], qw: &[f32], sigma2: f32) {
 pub(crate) fn quant_q4_1_w(x: &[f32], b: &mut [u8], qw: &[f32], sigma2: f32) {
     let weight = block_weights(x, qw, sigma2);
     let mut l = [0u8; QK];
-    let (d, min) = make_qkx3_quants(15, x, &weight, &mut l, -0.9, 0.05, 36, false);
+    let (d, min) = make_qkx_quants(15, x, &weight, &mut l, QKX3);
     write_f16(b, 0, d);
     write_f16(b, 2, -min);
     for j in 0..QK / 2 {
@@ -248,7 +248,7 @@ pub(crate) fn quant_q5_0_w(x: &[f32], b: &mut [u8], qw: &[f32], sigma2: f32) {
 pub(crate) fn quant_q5_1_w(x: &[f32], b: &mut [u8], qw: &[f32], sigma2: f32) {
     let weight = block_weights(x, qw, sigma2);
     let mut l = [0u8; QK];
-    let (d, min) = make_qkx3_quants(31, x, &weight, &mut l, -0.9, 0.05, 36, false);
+    let (d, min) = make_qkx_quants(31, x, &weight, &mut l, QKX3);
     write_f16(b, 0, d);
     write_f16(b, 2, -min);
     let qh = pack_q5(&l, &mut b[8..24]);
