@@ -129,24 +129,20 @@ impl Model<'_> {
 
     /// The matrices `dev` declines, as "tensor: reason": these run on the CPU.
     pub fn device_declined_matrices(&self, dev: &dyn Device) -> Vec<String> {
-        (self.declined_linears(dev))
-            .map(|(l, why)| format!("{}: {why}", l.w.name))
+        (self.weights.linears())
+            .filter_map(|l| {
+                dev.declines(l.w.ty)
+                    .map(|why| format!("{}: {why}", l.w.name))
+            })
             .collect()
     }
 
     /// The bytes of the matrices `dev` declines (they stay in host memory).
     pub fn device_declined_bytes(&self, dev: &dyn Device) -> u64 {
-        (self.declined_linears(dev))
-            .map(|(l, _)| l.w.data.len() as u64)
+        (self.weights.linears())
+            .filter(|l| dev.declines(l.w.ty).is_some())
+            .map(|l| l.w.data.len() as u64)
             .sum()
-    }
-
-    /// Each projection whose format `dev` declines, with the device's reason.
-    fn declined_linears<'s>(
-        &'s self,
-        dev: &'s dyn Device,
-    ) -> impl Iterator<Item = (&'s crate::weights::Linear<'s>, String)> + 's {
-        (self.weights.linears()).filter_map(|l| dev.declines(l.w.ty).map(|why| (l, why)))
     }
 
     /// A context whose forward pass runs on `dev`: the model's weights are placed
